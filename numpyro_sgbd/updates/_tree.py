@@ -11,9 +11,8 @@ def broadcast_tree(value, tree, name):
         return jax.tree.map(lambda _: None, tree)
     if jax.tree.structure(value) == jax.tree.structure(tree):
         return value
-    leaves = jax.tree.leaves(value)
-    if len(leaves) == 1 and jnp.ndim(leaves[0]) == 0:
-        return jax.tree.map(lambda _: leaves[0], tree)
+    if jax.tree_util.treedef_is_leaf(jax.tree.structure(value)) and not jnp.ndim(value):
+        return jax.tree.map(lambda _: value, tree)
     raise ValueError(f"{name} must be a scalar or a pytree matching z.")
 
 

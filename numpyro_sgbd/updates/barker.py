@@ -52,8 +52,8 @@ def flip_probability(w, force, *, variant="vanilla", noise_sd=None):
     :param str variant: ``"vanilla"``, ``"corrected"`` or ``"extreme"``.
     :param noise_sd: :math:`\hat\tau`, required by ``"corrected"``.
     :return: ``(p, exceeded)``: the probability and a boolean array, true where
-        :math:`|w| \ge 1.702/\hat\tau` (always false for vanilla, always true for
-        extreme, whose estimator ignores the noise level).
+        :math:`|w| \ge 1.702/\hat\tau` (for every variant when ``noise_sd`` is
+        given; all false without it).
 
     **References**
 
@@ -66,21 +66,23 @@ def flip_probability(w, force, *, variant="vanilla", noise_sd=None):
     0.5
     """
     wg = w * force
+    if noise_sd is None:
+        exceeded = jnp.zeros(jnp.shape(wg), bool)
+    else:
+        exceeded = jnp.abs(noise_sd * w) >= BARKER_TOLERANCE
     if variant == "vanilla":
-        return jax.nn.sigmoid(wg), jnp.zeros(jnp.shape(wg), bool)
+        return jax.nn.sigmoid(wg), exceeded
     if variant == "extreme":
-        return _sign_probability(wg), jnp.ones(jnp.shape(wg), bool)
+        return _sign_probability(wg), exceeded
     if variant != "corrected":
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
     if noise_sd is None:
         raise ValueError("variant='corrected' needs noise_sd (the noise sd tau).")
-    t = noise_sd * w
-    inside = jnp.abs(t) < BARKER_TOLERANCE
-    # Evaluate alpha only where it is finite, so neither branch produces NaN/inf.
-    t_safe = jnp.where(inside, t, 0.0)
-    alpha = BARKER_TOLERANCE / jnp.sqrt(BARKER_TOLERANCE**2 - t_safe**2)
-    p = jnp.where(inside, jax.nn.sigmoid(alpha * wg), _sign_probability(wg))
-    return p, ~inside
+    # Evaluate alpha only inside the tolerance, so neither branch is NaN or inf.
+    t = jnp.where(exceeded, 0.0, noise_sd * w)
+    alpha = BARKER_TOLERANCE / jnp.sqrt(BARKER_TOLERANCE**2 - t**2)
+    p = jnp.where(exceeded, _sign_probability(wg), jax.nn.sigmoid(alpha * wg))
+    return p, jnp.broadcast_to(exceeded, jnp.shape(wg))
 
 
 def barker_step(
@@ -120,7 +122,8 @@ def barker_step(
         coordinate), required for ``"corrected"``.
     :param str increment: ``"bimodal"`` (default) or ``"gaussian"``.
     :return: ``(z_new, exceeded)`` where ``exceeded`` is a pytree of booleans, true
-        where the increment is outside the tolerance :math:`|w| < 1.702/\hat\tau`.
+        where the increment is outside the tolerance :math:`|w| < 1.702/\hat\tau`
+        (all false when ``noise_sd`` is not given).
 
     **References**
 

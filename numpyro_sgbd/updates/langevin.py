@@ -36,9 +36,9 @@ def langevin_step(rng_key, z, z_grad, step_size, *, variant="vanilla", noise_sd=
     :param str variant: ``"vanilla"``, ``"corrected"`` or ``"extreme"``.
     :param noise_sd: pytree of :math:`\hat\tau`, required for ``"corrected"``.
     :return: ``(z_new, exceeded)``; ``exceeded`` is true where the gradient noise alone
-        exceeds the target injected variance (:math:`\hat\tau\sigma \ge 2`, corrected
-        variant), so the injected noise was clipped to zero; true everywhere for
-        extreme, false for vanilla.
+        carries at least the variance the step should inject
+        (:math:`\hat\tau\sigma \ge 2`; the corrected variant then injects none), for
+        every variant when ``noise_sd`` is given, all false without it.
 
     **References**
 
@@ -61,16 +61,17 @@ def langevin_step(rng_key, z, z_grad, step_size, *, variant="vanilla", noise_sd=
     def one(key, x, grad, sigma, tau):
         shape = jnp.shape(x)
         drift = -0.5 * sigma**2 * grad
+        if tau is None:
+            exceeded = jnp.zeros(shape, bool)
+        else:
+            # Gradient noise alone carries (sigma^2/2)^2 tau^2 >= sigma^2 of variance.
+            exceeded = jnp.broadcast_to(tau * sigma >= 2.0, shape)
         if variant == "vanilla":
             var = jnp.broadcast_to(sigma**2, shape)
-            exceeded = jnp.zeros(shape, bool)
         elif variant == "corrected":
-            var = sigma**2 - 0.25 * tau**2 * sigma**4
-            exceeded = jnp.broadcast_to(var <= 0, shape)
-            var = jnp.maximum(var, 0.0)
+            var = jnp.maximum(sigma**2 - 0.25 * tau**2 * sigma**4, 0.0)
         else:
             var = jnp.zeros(shape)
-            exceeded = jnp.ones(shape, bool)
         noise = jnp.sqrt(var) * random.normal(key, shape, jnp.result_type(x))
         return (x + drift + noise).astype(jnp.result_type(x)), exceeded
 

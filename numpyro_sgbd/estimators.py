@@ -1,0 +1,250 @@
+"""Gradient estimates and their noise: the one layer between models and update rules.
+
+An estimator is a callable ``estimator(rng_key, z, model_args, model_kwargs)`` that
+returns a :class:`GradientEstimate` at the unconstrained position ``z``. Three sources
+exist: a NumPyro model whose data sit in a subsample plate
+(:class:`MinibatchEstimator`), an exact potential (:class:`PotentialEstimator`), and a
+user-supplied stochastic gradient (:class:`CustomEstimator`).
+"""
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+from jax import random
+import jax.numpy as jnp
+from numpyro.handlers import substitute
+from numpyro.infer.util import _unconstrain_reparam, log_density
+
+__all__ = [
+    "CustomEstimator",
+    "GradientEstimate",
+    "MinibatchEstimator",
+    "PotentialEstimator",
+    "draw_indices",
+    "noise_variance_factor",
+]
+
+
+class GradientEstimate(NamedTuple):
+    """A stochastic estimate of the potential's gradient at one position.
+
+    :param z_grad: estimate of :math:`\\nabla U(z)`, the gradient of the potential
+        (negative log density), a pytree like ``z``.
+    :param noise_sd: per-coordinate standard deviation :math:`\\tau` of the noise in
+        ``z_grad`` (pytree like ``z``), or ``None`` where it is unknown. The corrected
+        variants need it.
+    :param potential_energy: the matching estimate of :math:`U(z)`, or ``None``.
+    """
+
+    z_grad: Any
+    noise_sd: Any = None
+    potential_energy: Any = None
+
+
+@partial(jax.jit, static_argnames=("size", "subsample_size", "replace"))
+def draw_indices(rng_key, size, subsample_size, *, replace=False):
+    """Draw ``subsample_size`` indices from ``range(size)`` in O(subsample_size).
+
+    With ``replace=True`` the indices are i.i.d. uniform. Without replacement (the
+    default of the kernels, as :class:`numpyro.plate` itself subsamples), indices are
+    drawn with replacement and the duplicates redrawn until all are distinct. The set of
+    distinct values of an i.i.d. uniform sequence is a uniform random subset whatever
+    the stopping rule that looks only at coincidences, so the result is a uniform
+    subset; it comes back sorted. For ``2 * subsample_size > size`` a permutation of
+    ``range(size)`` is cheaper and is used instead. Expected cost: one sort of
+    ``subsample_size`` integers plus, with probability about
+    ``1 - exp(-subsample_size**2 / (2 * size))``, a few more.
+
+    :param rng_key: random key.
+    :param int size: population size N.
+    :param int subsample_size: n.
+    :param bool replace: whether to draw with replacement.
+
+    >>> import jax
+    >>> idx = draw_indices(jax.random.key(0), size=1000, subsample_size=100)
+    >>> len(set(idx.tolist()))
+    100
+    """
+    n = subsample_size
+    if replace:
+        return random.randint(rng_key, (n,), 0, size)
+    if 2 * n > size:
+        return random.permutation(rng_key, size)[:n]
+
+    def duplicated(idx):
+        return jnp.concatenate([jnp.zeros((1,), bool), idx[1:] == idx[:-1]])
+
+    def body(carry):
+        key, idx = carry
+        key, sub = random.split(key)
+        idx = jnp.where(duplicated(idx), random.randint(sub, (n,), 0, size), idx)
+        return key, jnp.sort(idx)
+
+    key, sub = random.split(rng_key)
+    idx = jnp.sort(random.randint(sub, (n,), 0, size))
+    _, idx = jax.lax.while_loop(
+        lambda carry: jnp.any(duplicated(carry[1])), body, (key, idx)
+    )
+    return idx
+
+
+def noise_variance_factor(size, subsample_size, *, replace=False):
+    """Variance of a minibatch sum per unit of per-term sample variance.
+
+    The minibatch gradient is :math:`\\sum_{i\\in S} \\nabla h_i` where
+    :math:`h_i = (N/n) \\log p(y_i\\mid\\theta)` is the term as NumPyro's plate scales
+    it. Its variance is :math:`n (1 - n/N) s^2` for indices drawn without replacement
+    and :math:`n s^2` with replacement, :math:`s^2` the population variance of the
+    :math:`\\nabla h_i` (estimated by the minibatch sample variance, ddof = 1). Written
+    with the unscaled per-datum gradients :math:`f_i` this is SPEC's
+    :math:`c = N(N-n)/n` (resp. :math:`N^2/n`) times :math:`\\mathrm{Var}(f_i)`.
+
+    >>> noise_variance_factor(100, 10)
+    9.0
+    """
+    n = subsample_size
+    return float(n) if replace else n * (1.0 - n / size)
+
+
+def _finite_tree(tree):
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def _flat_size(tree):
+    return sum(int(jnp.size(x)) for x in jax.tree.leaves(tree))
+
+
+class PotentialEstimator:
+    """Exact gradients of a potential function: full-batch unadjusted dynamics.
+
+    :param potential_fn: ``potential_fn(z) -> U(z)``, the negative log density.
+    """
+
+    def __init__(self, potential_fn):
+        self.potential_fn = potential_fn
+
+    def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
+        value, grad = jax.value_and_grad(self.potential_fn)(z)
+        noise = jax.tree.map(jnp.zeros_like, grad)
+        return GradientEstimate(grad, noise, value)
+
+
+class CustomEstimator:
+    """A user-supplied stochastic gradient ``gradient_fn(rng_key, z)``.
+
+    ``gradient_fn`` returns a :class:`GradientEstimate` (``z_grad`` the noisy gradient
+    of the potential, ``noise_sd`` its per-coordinate noise sd if known), or just the
+    gradient pytree. This is how the SGBD paper's injected-noise experiments (Section
+    4.1, supplement C) run through the same update rules.
+    """
+
+    def __init__(self, gradient_fn):
+        self.gradient_fn = gradient_fn
+
+    def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
+        out = self.gradient_fn(rng_key, z)
+        if not isinstance(out, GradientEstimate):
+            out = GradientEstimate(out)
+        if out.potential_energy is None:
+            out = out._replace(potential_energy=jnp.array(jnp.nan))
+        return out
+
+
+class MinibatchEstimator:
+    """Minibatch gradient of a NumPyro model whose data sit in subsample plates.
+
+    Each call draws its own indices for every subsample plate (O(n), see
+    :func:`draw_indices`), substitutes them into the plates, and evaluates NumPyro's
+    potential of the substituted model in unconstrained space (prior, Jacobian and the
+    plate's N/n-scaled likelihood: the N/n factor is NumPyro's own, applied nowhere
+    else). With ``noise=True`` it also forms the n per-datum gradients of the scaled
+    likelihood terms (forward or reverse mode, whichever needs fewer passes) and
+    returns their noise sd (:func:`noise_variance_factor`); the prior and Jacobian
+    terms are exact and add no noise.
+
+    :param model: the NumPyro model.
+    :param dict plates: ``{name: (size, subsample_size, dim)}`` of its subsample plates
+        (``dim`` may be ``None`` when no observed site was found in the plate).
+    :param bool noise: whether to estimate the noise sd (needs exactly one plate).
+    :param bool replace: draw indices with replacement.
+    """
+
+    def __init__(self, model, plates, *, noise=False, replace=False):
+        if noise and len(plates) > 1:
+            raise ValueError(
+                "Estimating the gradient noise needs exactly one subsample plate; "
+                f"the model has {sorted(plates)}."
+            )
+        self.model = model
+        self.plates = dict(plates)
+        self.noise = noise
+        self.replace = replace
+
+    def draw(self, rng_key):
+        """Fresh indices ``{plate name: indices}`` for every subsample plate."""
+        keys = random.split(rng_key, max(len(self.plates), 1))
+        return {
+            name: draw_indices(key, size=size, subsample_size=n, replace=self.replace)
+            for key, (name, (size, n, _)) in zip(keys, self.plates.items())
+        }
+
+    def _terms(self, z, indices, model_args, model_kwargs):
+        """(potential estimate, scaled per-datum log-likelihood terms h_i)."""
+        model = substitute(self.model, data=indices)
+        model = substitute(model, substitute_fn=partial(_unconstrain_reparam, z))
+        log_joint, trace = log_density(model, model_args, model_kwargs, {})
+        if not self.noise or not self.plates:
+            return -log_joint, None
+        ((name, (_, n, _)),) = self.plates.items()
+        per_datum = jnp.zeros((n,))
+        for site in trace.values():
+            if site["type"] != "sample" or not site["is_observed"]:
+                continue
+            frame = next((f for f in site["cond_indep_stack"] if f.name == name), None)
+            if frame is None:
+                continue
+            lp = site["fn"].log_prob(site["value"])
+            if site["scale"] is not None:
+                lp = site["scale"] * lp
+            axis = jnp.ndim(lp) + frame.dim
+            if axis < 0 or jnp.shape(lp)[axis] != n:
+                raise ValueError(
+                    f"Observed site '{site['name']}' in plate '{name}' has log-density "
+                    f"shape {jnp.shape(lp)} without the plate's dimension {frame.dim}; "
+                    "cannot form per-datum gradients."
+                )
+            lp = jnp.moveaxis(lp, axis, 0).reshape(n, -1).sum(-1)
+            per_datum = per_datum + lp
+        return -log_joint, per_datum
+
+    def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        indices = self.draw(rng_key)
+        fn = partial(
+            self._terms,
+            indices=indices,
+            model_args=model_args,
+            model_kwargs=model_kwargs,
+        )
+        if not self.noise:
+            value, grad = jax.value_and_grad(lambda z: fn(z)[0])(z)
+            return GradientEstimate(grad, None, value)
+        if not self.plates:
+            value, grad = jax.value_and_grad(lambda z: fn(z)[0])(z)
+            return GradientEstimate(grad, jax.tree.map(jnp.zeros_like, grad), value)
+        ((size, n, _),) = self.plates.values()
+
+        def with_value(z):
+            out = fn(z)
+            return out, out[0]
+
+        # One Jacobian of (potential, h_1..h_n): d forward passes or n + 1 reverse.
+        jac = jax.jacfwd if _flat_size(z) <= n else jax.jacrev
+        (grad, per_datum_grads), value = jac(with_value, has_aux=True)(z)
+        factor = noise_variance_factor(size, n, replace=self.replace)
+        noise_sd = jax.tree.map(
+            lambda g: jnp.sqrt(factor * jnp.var(g, axis=0, ddof=1)), per_datum_grads
+        )
+        return GradientEstimate(grad, noise_sd, value)
