@@ -113,9 +113,8 @@ def main(args):
             if bar and name != "SGBD vanilla":
                 continue
             t = time_kernel(make, X, y, n, args.num_steps, bar)
-            print(
-                f"{name:<28}{'on' if bar else 'off':>5}{1e6 * t:>10.1f}{t / floor:>8.2f}"
-            )
+            shown = "on" if bar else "off"
+            print(f"{name:<28}{shown:>5}{1e6 * t:>10.1f}{t / floor:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -552,7 +552,7 @@ class _SGKernel(MCMCKernel):
         # device sync, so refresh the text only every 100 steps.
         calls, text = self._diagnostics
         if calls % 100 == 0:
-            parts = []
+            parts = [f"U_hat {float(state.potential_energy_estimate):.4g}"]
             if state.noise_sd is not None:
                 parts.append(
                     f"tau_hat {float(state.mean_noise_sd):.3g}, "

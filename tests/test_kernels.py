@@ -1,4 +1,4 @@
-"""The NumPyro adapter end to end: posteriors, chain methods, resume, pickling, ArviZ."""
+"""The NumPyro adapter end to end: posteriors, chains, resume, pickling, ArviZ."""
 
 import pickle
 import warnings
@@ -451,4 +451,5 @@ def test_progress_bar_diagnostics(y_data, capsys):
     text = kernel.get_diagnostics_str(mcmc.last_state)
     kernel._diagnostics = (0, "")
     text = kernel.get_diagnostics_str(mcmc.last_state)
-    assert text.startswith("tau_hat ") and "over tolerance" in text
+    assert text.startswith("U_hat ") and "tau_hat " in text
+    assert "over tolerance" in text
