@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import jax
 from jax import random
 import jax.numpy as jnp
+import numpy as np
 from numpyro.handlers import substitute
 from numpyro.infer.util import _unconstrain_reparam, log_density
 
@@ -221,6 +222,12 @@ class MinibatchEstimator:
 
     def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
+        # NumPy data cannot be indexed by the traced minibatch indices (X[idx]);
+        # as JAX arrays they can, and jit embeds them as it would anyway.
+        model_args, model_kwargs = jax.tree.map(
+            lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x,
+            (model_args, model_kwargs),
+        )
         indices = self.draw(rng_key)
         fn = partial(
             self._terms,

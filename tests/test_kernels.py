@@ -453,3 +453,17 @@ def test_progress_bar_diagnostics(y_data, capsys):
     text = kernel.get_diagnostics_str(mcmc.last_state)
     assert text.startswith("U_hat ") and "tau_hat " in text
     assert "over tolerance" in text
+
+
+def test_numpy_data_is_accepted(y_data):
+    # NumPy arrays cannot be indexed by traced minibatch indices; the kernel must
+    # convert them rather than fail inside jit.
+    mcmc = MCMC(
+        SGBD(gaussian_model, step_size=0.005, variant="corrected"),
+        num_warmup=0,
+        num_samples=20,
+        progress_bar=False,
+    )
+    mcmc.run(random.key(0), np.asarray(y_data))
+    assert np.all(np.isfinite(mcmc.get_samples()["mu"]))
+    assert az.from_numpyro(mcmc).log_likelihood["y"].shape == (1, 20, SUBSAMPLE)
