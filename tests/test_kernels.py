@@ -231,20 +231,26 @@ def test_per_coordinate_step_size_dict():
     assert np.all((steps[:, 1] > 0.5e-1) & (steps[:, 1] < 1.5e-1))
 
 
-def test_potential_fn_gives_unadjusted_dynamics():
-    sigma = 0.8
-    kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z**2), step_size=sigma)
+def _run_scalar_chains(kernel, rng_key, num_chains=16):
+    """Draws (chains, draws) of a one-dimensional potential_fn/gradient_fn kernel."""
     mcmc = MCMC(
         kernel,
         num_warmup=100,
         num_samples=2000,
-        num_chains=16,
+        num_chains=num_chains,
         chain_method="vectorized",
         progress_bar=False,
     )
-    mcmc.run(random.key(9), init_params=jnp.zeros((16, 1)))
+    mcmc.run(rng_key, init_params=jnp.zeros((num_chains, 1)))
+    return mcmc.get_samples(group_by_chain=True)[..., 0]
+
+
+def test_potential_fn_gives_unadjusted_dynamics():
+    sigma = 0.8
+    kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z**2), step_size=sigma)
+    draws = _run_scalar_chains(kernel, random.key(9))
     exact_var = 1.0 / (1.0 - sigma**2 / 4)  # unadjusted Langevin on N(0, 1)
-    _mcse_check(mcmc.get_samples(group_by_chain=True)[..., 0], 0.0, np.sqrt(exact_var))
+    _mcse_check(draws, 0.0, np.sqrt(exact_var))
 
 
 @pytest.mark.parametrize("variant, inflate", [("corrected", False), ("vanilla", True)])
@@ -256,19 +262,11 @@ def test_gradient_fn_with_injected_noise(variant, inflate):
         return GradientEstimate(z + noise, noise_sd=jnp.full(jnp.shape(z), tau))
 
     kernel = SGLD(gradient_fn=gradient_fn, step_size=sigma, variant=variant, beta=0.5)
-    mcmc = MCMC(
-        kernel,
-        num_warmup=100,
-        num_samples=2000,
-        num_chains=16,
-        chain_method="vectorized",
-        progress_bar=False,
-    )
-    mcmc.run(random.key(10), init_params=jnp.zeros((16, 1)))
+    draws = _run_scalar_chains(kernel, random.key(10))
     # Corrected SGLD removes the gradient noise's variance: the exact-gradient law.
     extra = (sigma**2 / 2) ** 2 * tau**2 if inflate else 0.0
     exact_var = (sigma**2 + extra) / (1.0 - (1.0 - sigma**2 / 2) ** 2)
-    _mcse_check(mcmc.get_samples(group_by_chain=True)[..., 0], 0.0, np.sqrt(exact_var))
+    _mcse_check(draws, 0.0, np.sqrt(exact_var))
 
 
 def test_nonfinite_chain_stops_and_warns(y_data):
