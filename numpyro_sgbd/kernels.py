@@ -292,9 +292,15 @@ class _SGKernel(MCMCKernel):
         """The step size as a pytree matching z, validated against the shapes."""
         step_size = self._step_size_arg
         if not isinstance(step_size, dict):
-            if isinstance(shapes, dict):
-                return jnp.asarray(step_size, jnp.result_type(float))
             arr = jnp.asarray(step_size, jnp.result_type(float))
+            if isinstance(shapes, dict):
+                if arr.ndim:
+                    raise ValueError(
+                        f"step_size has shape {arr.shape}, but z is a dict of sites "
+                        f"{sorted(shapes)}: give a scalar, or a dict "
+                        "{site name: value} for per-coordinate steps."
+                    )
+                return arr
             try:
                 np.broadcast_shapes(arr.shape, shapes)
             except ValueError:

@@ -390,9 +390,10 @@ def test_bad_arguments_raise_at_construction(kwargs, match):
         ({"nu": 0.1}, r"unknown \['nu'\]"),
         ({}, r"missing \['mu'\]"),
         ({"mu": jnp.ones(3)}, "does not broadcast"),
+        (jnp.full(2, 0.1), "z is a dict of sites"),
     ],
 )
-def test_bad_step_size_dict_raises_at_init(y_data, step_size, match):
+def test_bad_step_size_raises_at_init(y_data, step_size, match):
     # An empty dict is rejected as missing every site, not taken as "default".
     mcmc = MCMC(
         SGBD(gaussian_model, step_size=step_size),
