@@ -1,0 +1,116 @@
+"""Sample-quality diagnostics that need only draws and scores."""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["ksd"]
+
+
+@partial(jax.jit, static_argnames=("c", "beta"))
+def _stein_kernel_block_sum(x_block, s_block, x, s, *, c, beta):
+    """Sum of the IMQ Stein kernel k_p(x_i, x_j) over i in the block and all j.
+
+    Every term is written through inner products so that memory is
+    O(block x m), never O(block x m x d): with r = x_i - x_j and
+    u = c^2 + |r|^2, k_p = (s_i . s_j) u^b - 2 b u^(b-1) (s_i - s_j) . r
+    - 2 b d u^(b-1) - 4 b (b - 1) u^(b-2) |r|^2.
+    """
+    d = x.shape[1]
+    x_sq = jnp.sum(x * x, axis=1)
+    xb_sq = jnp.sum(x_block * x_block, axis=1)
+    r_sq = jnp.maximum(xb_sq[:, None] + x_sq[None, :] - 2.0 * x_block @ x.T, 0.0)
+    u = c**2 + r_sq
+    s_dot = s_block @ s.T
+    # (s_i - s_j) . (x_i - x_j), expanded.
+    s_r = (
+        jnp.sum(s_block * x_block, axis=1)[:, None]
+        - s_block @ x.T
+        - x_block @ s.T
+        + jnp.sum(s * x, axis=1)[None, :]
+    )
+    k = (
+        s_dot * u**beta
+        - 2.0 * beta * u ** (beta - 1.0) * s_r
+        - 2.0 * beta * d * u ** (beta - 1.0)
+        - 4.0 * beta * (beta - 1.0) * u ** (beta - 2.0) * r_sq
+    )
+    return jnp.sum(k)
+
+
+def ksd(samples, scores, *, c=1.0, beta=-0.5, block_size=1024):
+    r"""Kernel Stein discrepancy of draws from the target whose score is given.
+
+    .. math::
+
+        \mathrm{KSD} = \Big(\frac{1}{m^2}\sum_{i,j=1}^m k_p(x_i, x_j)\Big)^{1/2},
+
+    the V-statistic of the Stein kernel :math:`k_p` built on the inverse
+    multiquadric base kernel :math:`k(x, y) = (c^2 + \|x - y\|^2)^\beta`, with
+    :math:`s = \nabla\log\pi = -\nabla U` the score of the target at each draw. It
+    is zero in the limit of exact draws and detects non-convergence for
+    :math:`c > 0,\ \beta\in(-1, 0)` (Gorham & Mackey). The double sum runs over
+    blocks of ``block_size`` rows, so memory is O(``block_size`` x m).
+
+    Draws are centred before the sum (the discrepancy is translation invariant),
+    which keeps the single-precision distances accurate for posteriors far from 0.
+
+    :param samples: draws, shape ``(m, d)`` (or ``(m,)`` for a scalar parameter),
+        in the space where ``scores`` were taken (unconstrained, for a model).
+    :param scores: :math:`\nabla\log\pi` at each draw, the same shape.
+    :param float c: IMQ scale (default 1).
+    :param float beta: IMQ exponent in (-1, 0) (default -1/2).
+    :param int block_size: rows per block of the double sum.
+    :return: the discrepancy, a float.
+
+    **References**
+
+    1. Coullon, J., South, L. & Nemeth, C. (2023). *Efficient and generalizable
+       tuning strategies for stochastic gradient MCMC.* Eq. (3).
+    2. Gorham, J. & Mackey, L. (2017). *Measuring sample quality with kernels.* ICML.
+
+    **Example**
+
+    >>> import jax
+    >>> x = jax.random.normal(jax.random.key(0), (2000, 2))
+    >>> exact, shifted = ksd(x, -x), ksd(x + 1.0, -(x + 1.0))
+    >>> bool(exact < 0.1 < shifted)
+    True
+    """
+    x = np.asarray(samples)
+    s = np.asarray(scores)
+    if x.ndim == 1:
+        x = x[:, None]
+    if s.ndim == 1:
+        s = s[:, None]
+    if x.ndim != 2 or x.shape != s.shape:
+        raise ValueError(
+            "samples and scores must have the same shape (m, d) or (m,); got "
+            f"{np.shape(samples)} and {np.shape(scores)}."
+        )
+    if x.shape[0] == 0:
+        raise ValueError("samples is empty: need at least one draw.")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(s))):
+        which = "samples" if not np.all(np.isfinite(x)) else "scores"
+        raise ValueError(f"{which} contain non-finite values; the KSD is undefined.")
+    if not c > 0 or not -1 < beta < 0:
+        raise ValueError(
+            f"The IMQ kernel needs c > 0 and -1 < beta < 0; got c={c}, beta={beta}."
+        )
+    if not (isinstance(block_size, int) and block_size > 0):
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}.")
+    dtype = jnp.result_type(float)
+    x = jnp.asarray(x - x.mean(axis=0), dtype)
+    s = jnp.asarray(s, dtype)
+    m = x.shape[0]
+    total = 0.0
+    for start in range(0, m, block_size):
+        stop = min(start + block_size, m)
+        total += float(
+            _stein_kernel_block_sum(
+                x[start:stop], s[start:stop], x, s, c=float(c), beta=float(beta)
+            )
+        )
+    return float(np.sqrt(max(total, 0.0)) / m)
