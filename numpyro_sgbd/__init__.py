@@ -1,9 +1,10 @@
 """Stochastic-gradient MCMC for any NumPyro model with a subsampled plate."""
 
-from numpyro_sgbd.diagnostics import ksd
+from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
+from numpyro_sgbd.diagnostics import ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
 from numpyro_sgbd.kernels import SGBD, SGLD, SGState
-from numpyro_sgbd.reference import full_batch
+from numpyro_sgbd.reference import full_batch, full_batch_scores, reference_posterior
 
 __version__ = "0.1.0"
 
@@ -12,7 +13,13 @@ __all__ = [
     "SGLD",
     "GradientEstimate",
     "SGState",
+    "Comparison",
+    "compare",
     "full_batch",
+    "full_batch_scores",
     "ksd",
+    "plot_marginals",
+    "posterior_ksd",
+    "reference_posterior",
     "__version__",
 ]

@@ -43,7 +43,11 @@ SGState = namedtuple(
 )
 SGState.__doc__ = """
 State of the stochastic-gradient kernels; every field but ``z``, ``noise_sd`` and
-``rng_key`` is a scalar that ``MCMC.run(..., extra_fields=(...))`` can collect.
+``rng_key`` is a scalar that ``MCMC.run(..., extra_fields=(...))`` can collect. The
+four sampler statistics ``potential_energy_estimate``, ``mean_noise_sd``,
+``tolerance_exceeded`` and ``num_nonfinite`` are collected by default
+(:attr:`default_fields`), so they reach ``az.from_numpyro(mcmc).sample_stats`` and
+:func:`~numpyro_sgbd.compare` without being asked for.
 
  - **i** - iteration number.
  - **z** - position in unconstrained space (dict of sites for a model).
@@ -119,6 +123,17 @@ class _SGKernel(MCMCKernel):
     pure update rules. Subclasses set ``_update``."""
 
     sample_field = "z"
+
+    @property
+    def default_fields(self):
+        """``z`` and the four per-draw sampler statistics (see :class:`SGState`)."""
+        return (
+            "z",
+            "potential_energy_estimate",
+            "mean_noise_sd",
+            "tolerance_exceeded",
+            "num_nonfinite",
+        )
 
     def __init__(
         self,

@@ -176,7 +176,7 @@ def test_arviz_default_arguments_and_sample_stats(y_data):
         chain_method="vectorized",
         progress_bar=False,
     )
-    mcmc.run(random.key(6), y_data, extra_fields=fields)
+    mcmc.run(random.key(6), y_data)  # the statistics are default fields
     idata = az.from_numpyro(mcmc)
     for name in fields:
         assert idata.sample_stats[name].shape == (2, 30)
@@ -190,6 +190,13 @@ def test_arviz_default_arguments_and_sample_stats(y_data):
     assert len(np.unique(idx)) == SUBSAMPLE
     summary = az.summary(idata)
     assert "mu" in summary.index
+    assert az.ess(idata)["mu"].shape == () and az.rhat(idata)["mu"].shape == ()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    axes = az.plot_trace(idata)
+    assert axes.shape == (1, 2)
+    matplotlib.pyplot.close("all")
 
 
 def test_vanilla_stats_are_nan_not_zero(y_data):

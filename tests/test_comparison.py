@@ -1,0 +1,159 @@
+"""compare and plot_marginals: accuracy figures against a reference posterior."""
+
+import arviz as az
+from jax import random
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import MCMC
+import pytest
+
+from numpyro_sgbd import SGLD, Comparison, compare, plot_marginals
+
+PRIOR_SD = 10.0
+
+
+def gaussian_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))
+    with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+
+def standardised(rng, shape, mean, sd):
+    """Draws whose sample mean and sd (ddof=1, over all but the last axis) are
+    exactly ``mean`` and ``sd``."""
+    x = rng.normal(size=shape)
+    flat = x.reshape(-1, shape[-1])
+    x = (x - flat.mean(0)) / flat.std(0, ddof=1)
+    return mean + sd * x
+
+
+@pytest.fixture(scope="module")
+def reference():
+    rng = np.random.default_rng(0)
+    w = standardised(rng, (2, 1500, 2), np.array([1.0, -3.0]), np.array([0.5, 2.0]))
+    return az.from_dict(posterior={"w": w})
+
+
+def test_known_biases_and_xi(reference):
+    ref_w = reference.posterior["w"].values.reshape(-1, 2)
+    ref_mean, ref_sd = np.array([1.0, -3.0]), np.array([0.5, 2.0])
+    shift, scale = np.array([0.2, -1.5]), np.array([1.3, 0.6])  # in ref sds
+    draws = {"w": ref_mean + shift * ref_sd + scale * (ref_w - ref_mean)}
+    table = compare({"moved": draws}, reference, ksd_draws=0)
+    assert isinstance(table, Comparison)
+    row = table.per_parameter.loc["moved"]
+    np.testing.assert_allclose(row["bias_mean"], np.abs(shift), rtol=1e-6)
+    # |var - ref var| / ref sd = |scale^2 - 1| ref sd
+    np.testing.assert_allclose(
+        row["bias_var"], np.abs(scale**2 - 1) * ref_sd, rtol=1e-6
+    )
+    xi = np.linalg.norm((scale - 1) * ref_sd) / np.linalg.norm(ref_sd)
+    summary = table.summary.loc["moved"]
+    np.testing.assert_allclose(summary["xi"], xi, rtol=1e-6)
+    np.testing.assert_allclose(summary["max_bias_mean"], 1.5, rtol=1e-6)
+    assert summary["num_draws"] == 3000
+    assert list(row.index) == ["w[0]", "w[1]"]
+    # The reference's own row: no bias by definition, its ESS and time as given.
+    assert np.isnan(table.summary.loc["reference", "xi"])
+    assert table.summary.loc["reference", "min_ess_bulk"] > 1000
+    text = str(table)
+    assert "moved" in text and "w[1]" in text and "xi" in text
+
+
+def test_ess_per_second_from_wall_times(reference):
+    draws = {"w": reference.posterior["w"].values.reshape(-1, 2)}
+    table = compare([draws], reference, ksd_draws=0, wall_times={"run 0": 2.0})
+    row = table.summary.loc["run 0"]
+    assert row["ess_per_s"] == pytest.approx(row["min_ess_bulk"] / 2.0)
+    assert np.isnan(table.summary.loc["reference", "ess_per_s"])
+
+
+def test_mismatched_runs_are_errors(reference):
+    w = reference.posterior["w"].values.reshape(-1, 2)
+    with pytest.raises(ValueError, match="run 'other' has no variable 'w'"):
+        compare({"other": {"v": w}}, reference)
+    with pytest.raises(ValueError, match=r"shape \(3,\) in run 'wide'"):
+        compare({"wide": {"w": np.ones((100, 3))}}, reference)
+    with pytest.raises(ValueError, match="no posterior group"):
+        compare({"a": {"w": w}}, az.from_dict(sample_stats={"lp": np.ones((1, 5))}))
+    with pytest.raises(ValueError, match="like the reference"):
+        compare({"reference": {"w": w}}, reference)
+    with pytest.raises(TypeError, match="candidates must be"):
+        compare(3.0, reference)
+    with pytest.raises(ValueError, match="wall_times names unknown"):
+        compare({"a": {"w": w}}, reference, wall_times={"b": 1.0})
+
+
+def test_nan_draws_give_a_nan_row_and_a_warning(reference):
+    w = reference.posterior["w"].values.reshape(-1, 2).copy()
+    w[5, 1] = np.nan
+    with pytest.warns(RuntimeWarning, match="run 'broken' has non-finite"):
+        table = compare({"broken": {"w": w}, "fine": {"w": w[:4]}}, reference)
+    assert table.summary.loc["broken", ["xi", "max_bias_mean"]].isna().all()
+    assert table.per_parameter.loc["broken"]["bias_mean"].isna().all()
+    assert np.isfinite(table.summary.loc["fine", "xi"])
+    bad_reference = {"w": w}
+    with pytest.raises(ValueError, match="reference has non-finite"):
+        compare({"fine": {"w": w[:4]}}, bad_reference)
+
+
+def test_ksd_and_sampler_stats_from_an_mcmc_run():
+    y = 1.0 + random.normal(random.key(0), (200,))
+    precision = 1 / PRIOR_SD**2 + y.shape[0]
+    mean, sd = float(y.sum() / precision), precision**-0.5
+    rng = np.random.default_rng(1)
+    exact = {"mu": mean + sd * rng.normal(size=2000)}
+    mcmc = MCMC(
+        SGLD(gaussian_model, step_size=0.02, variant="corrected"),
+        num_warmup=200,
+        num_samples=2000,
+        progress_bar=False,
+    )
+    mcmc.run(random.key(2), y)
+    shifted = {"mu": exact["mu"] + 2 * sd}
+    # The model and data come from the MCMC candidate.
+    table = compare({"sgld": mcmc, "shifted": shifted}, exact, ksd_draws=500)
+    ksd = table.summary["ksd"]
+    assert np.all(np.isfinite(ksd))
+    assert ksd["shifted"] > 3 * ksd["reference"]
+    frac = table.summary.loc["sgld", "frac_tolerance_exceeded"]
+    assert 0 <= frac <= 1
+    assert table.summary.loc["sgld", "mean_noise_sd"] > 0
+    assert np.isnan(table.summary.loc["shifted", "mean_noise_sd"])
+    assert "Sampler statistics" in str(table)
+    # Given explicitly, the model gives the same KSD for plain draws.
+    again = compare(
+        {"shifted": shifted},
+        exact,
+        model=gaussian_model,
+        model_args=(y,),
+        ksd_draws=500,
+    )
+    assert again.summary.loc["shifted", "ksd"] == pytest.approx(ksd["shifted"])
+
+
+def test_standardised_ksd_ranks_collapsed_draws_last():
+    # 20,000 points: posterior sd 0.007, far below the IMQ kernel's scale of 1.
+    y = random.normal(random.key(3), (20_000,))
+    precision = 1 / PRIOR_SD**2 + y.shape[0]
+    mean, sd = float(y.sum() / precision), precision**-0.5
+    rng = np.random.default_rng(4)
+    exact = {"mu": mean + sd * rng.normal(size=1000)}
+    collapsed = {"mu": mean + 0.1 * sd * rng.normal(size=1000)}  # SGD-like
+    kwargs = dict(model=gaussian_model, model_args=(y,), ksd_draws=500)
+    ksd = compare({"collapsed": collapsed}, exact, **kwargs).summary["ksd"]
+    assert ksd["collapsed"] > 3 * ksd["reference"]
+    # Raw coordinates: the V-statistic's diagonal E|score|^2 / m (here 40) dominates
+    # and the collapsed draws look better than exact ones. Why the default
+    # standardises.
+    raw = compare({"collapsed": collapsed}, exact, ksd_standardise=False, **kwargs)
+    assert raw.summary.loc["collapsed", "ksd"] < raw.summary.loc["reference", "ksd"]
+
+
+def test_plot_marginals_writes_a_file(reference, tmp_path):
+    w = reference.posterior["w"].values.reshape(-1, 2)
+    path = plot_marginals({"wider": {"w": 1.5 * w}}, reference, tmp_path / "m.png")
+    assert path.stat().st_size > 10_000
+    with pytest.raises(ValueError, match="has no variable"):
+        plot_marginals({"bad": {"v": w}}, reference, tmp_path / "n.png")
