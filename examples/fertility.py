@@ -69,7 +69,7 @@ coefficients; ESS/s divides it by that wall time.
 
 Usage::
 
-    python examples/fertility.py            # about three minutes on 2 CPU cores
+    python examples/fertility.py            # about four minutes on 2 CPU cores
     python examples/fertility.py --quick    # 20,000 rows, short chains: under a minute
 
 It prints the tables, and writes ``OUT/fertility_table.csv`` (one row per method and

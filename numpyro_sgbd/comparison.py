@@ -41,8 +41,9 @@ class Comparison:
     :ivar per_parameter: one row per (run, parameter component), indexed by
         ``run`` and ``parameter`` (``"beta[0]"``): ``mean``, ``sd``, ``ref_mean``,
         ``ref_sd``, ``bias_mean`` = ``|mean - ref_mean| / ref_sd``, ``bias_var`` =
-        ``|sd**2 - ref_sd**2| / ref_sd``, ``ess_bulk``, ``ess_tail`` and ``r_hat``
-        (NaN for a single chain).
+        ``|sd**2 - ref_sd**2| / ref_sd`` (SGBD paper, supplement eq. 40; in the
+        units of the parameter, not scale-free), ``ess_bulk``, ``ess_tail`` and
+        ``r_hat`` (NaN for a single chain).
     :ivar summary: one row per run, indexed by ``run``: ``num_draws``, ``xi`` (the
         relative error of the posterior sds), ``max_bias_mean``, ``max_bias_var``,
         ``min_ess_bulk``, ``ess_per_s``, ``ksd``, ``sampling_time`` and the

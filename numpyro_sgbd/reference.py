@@ -212,9 +212,13 @@ def _model_fingerprint(h, fn, depth=0):
         h.update(inspect.getsource(fn).encode())
     except (OSError, TypeError):
         h.update(repr(fn).encode())
-    for value in list(getattr(fn, "__defaults__", None) or ()) + [
-        c.cell_contents for c in (getattr(fn, "__closure__", None) or ())
-    ]:
+    values = list(getattr(fn, "__defaults__", None) or ())
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            values.append(None)
+    for value in values:
         if callable(value) and depth < 3:
             _model_fingerprint(h, value, depth + 1)
         else:

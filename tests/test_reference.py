@@ -12,6 +12,7 @@ from numpyro.infer.util import potential_energy
 import pytest
 
 from numpyro_sgbd import full_batch, full_batch_scores, reference_posterior
+from numpyro_sgbd.reference import _cache_key
 
 
 def scale_model(X, y):
@@ -192,11 +193,15 @@ def test_reference_posterior_bad_input_is_refused_before_sampling():
     assert not calls
 
 
+_TRACES = []  # global, so not part of the cache key (closure values are)
+
+
 def test_reference_posterior_cache_hit_and_miss_on_new_data(tmp_path):
-    calls = []
+    calls = _TRACES
+    calls.clear()
 
     def model(y):
-        calls.append(1)  # once per trace: sampling traces the model
+        _TRACES.append(1)  # once per trace: sampling traces the model
         mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
         with numpyro.plate("data", y.shape[0], subsample_size=5) as idx:
             numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
@@ -219,3 +224,19 @@ def test_reference_posterior_cache_hit_and_miss_on_new_data(tmp_path):
     calls.clear()
     reference_posterior(model, y, **{**settings, "num_samples": 501})
     assert calls  # the settings are part of the key too
+
+
+def test_cache_key_sees_closure_values_not_only_source():
+    def make_model(prior_sd):
+        def model(y):
+            numpyro.sample("mu", dist.Normal(0.0, prior_sd))
+
+        return model
+
+    y = jnp.ones(3)
+    keys = {
+        _cache_key(make_model(sd), (y,), {}, {"num_samples": 10}) for sd in (1.0, 2.0)
+    }
+    assert len(keys) == 2
+    same = _cache_key(make_model(1.0), (y,), {}, {"num_samples": 10})
+    assert same in keys
