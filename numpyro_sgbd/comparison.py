@@ -362,7 +362,10 @@ def compare(
             sampling_time=np.nan if seconds is None else float(seconds),
         )
         if finite and source is not None and ksd_draws:
-            x, s = _draws_and_scores(source, draws, ksd_draws)
+            try:
+                x, s = _draws_and_scores(source, draws, ksd_draws)
+            except ValueError as err:
+                raise ValueError(f"KSD of run {name!r}: {err}") from err
             if ksd_scale is None:
                 ksd_scale = x.std(0, ddof=1) if ksd_standardise else 1.0
             summary["ksd"] = ksd(x / ksd_scale, s * ksd_scale)

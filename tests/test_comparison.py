@@ -132,6 +132,21 @@ def test_ksd_and_sampler_stats_from_an_mcmc_run():
     )
     assert again.summary.loc["shifted", "ksd"] == pytest.approx(ksd["shifted"])
 
+    def two_sites(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))
+        nu = numpyro.sample("nu", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+            numpyro.sample("y", dist.Normal(mu + nu, 1.0), obs=y[idx])
+
+    with pytest.raises(ValueError, match="KSD of run 'partial'.*lacks the latent"):
+        compare(
+            {"partial": {"mu": exact["mu"]}},
+            {"mu": exact["mu"], "nu": rng.normal(size=2000)},
+            var_names="mu",
+            model=two_sites,
+            model_args=(y,),
+        )
+
 
 def test_standardised_ksd_ranks_collapsed_draws_last():
     # 20,000 points: posterior sd 0.007, far below the IMQ kernel's scale of 1.
