@@ -7,11 +7,23 @@ from numpyro_sgbd.updates.barker import (
     flip_probability,
 )
 from numpyro_sgbd.updates.langevin import langevin_step
+from numpyro_sgbd.updates.nogin import (
+    COVARIANCES,
+    nogin_damp,
+    nogin_drift,
+    nogin_kick,
+    nogin_lambda,
+)
 
 __all__ = [
     "BARKER_TOLERANCE",
+    "COVARIANCES",
     "VARIANTS",
     "barker_step",
     "flip_probability",
     "langevin_step",
+    "nogin_damp",
+    "nogin_drift",
+    "nogin_kick",
+    "nogin_lambda",
 ]

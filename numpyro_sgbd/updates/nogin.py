@@ -1,0 +1,182 @@
+"""NOGIN, the noisy gradient integrator: the pure A-B-O-B-A pieces on flat vectors.
+
+The gradient covariance couples coordinates, so these functions act on one flat
+vector ``theta`` of length d (a kernel ravels its pytree first). The mass matrix is
+diagonal, given by its diagonal ``mass`` (shape ``(d,)`` or a scalar).
+"""
+
+from jax import random
+import jax.numpy as jnp
+
+__all__ = [
+    "COVARIANCES",
+    "nogin_damp",
+    "nogin_drift",
+    "nogin_kick",
+    "nogin_lambda",
+]
+
+COVARIANCES = ("lowrank", "diag", "full")
+
+
+def nogin_lambda(step_size, friction):
+    r""":math:`\lambda = \sqrt{(1 - e^{-\gamma h}) / (1 + e^{-\gamma h})}`.
+
+    With this choice the O-step without gradient noise is the exact
+    Ornstein-Uhlenbeck flow over time h: the momentum is multiplied by
+    :math:`e^{-\gamma h}` and gets fresh variance :math:`1 - e^{-2\gamma h}` (times
+    :math:`M/\beta`). Matthews & Weare, Algorithm 1, line 1 (SPEC.md's form; the
+    text's :math:`e^{-2\gamma h}` variant halves the friction).
+
+    >>> import math
+    >>> lam = nogin_lambda(0.5, 2.0)
+    >>> abs(float((1 - lam**2) / (1 + lam**2)) - math.exp(-1.0)) < 1e-6
+    True
+    """
+    decay = jnp.exp(-friction * step_size)
+    return jnp.sqrt((1.0 - decay) / (1.0 + decay))
+
+
+def nogin_drift(theta, p, step_size, mass=1.0):
+    r"""The half A-step :math:`\theta \leftarrow \theta + h M^{-1} p / 2`
+    (Algorithm 2, lines 3 and 8)."""
+    return theta + 0.5 * step_size * p / mass
+
+
+def _check_noise(noise, covariance, d):
+    if covariance not in COVARIANCES:
+        raise ValueError(
+            f"covariance must be one of {COVARIANCES}, got {covariance!r}."
+        )
+    expected = {"diag": "(d,)", "full": "(d, d)", "lowrank": "(d, k)"}[covariance]
+    ok = {
+        "diag": jnp.shape(noise) == (d,),
+        "full": jnp.shape(noise) == (d, d),
+        "lowrank": jnp.ndim(noise) == 2 and jnp.shape(noise)[0] == d,
+    }[covariance]
+    if not ok:
+        raise ValueError(
+            f"covariance={covariance!r} needs noise of shape {expected} with d={d}, "
+            f"got {jnp.shape(noise)}."
+        )
+
+
+def nogin_damp(
+    p, noise, step_size, lam, *, covariance, mass=1.0, inverse_temperature=1.0
+):
+    r"""The O-step: damp the momentum by the gradient covariance (Algorithm 2, line 6).
+
+    .. math::
+
+        p \leftarrow \big((1-\lambda^2) I - c\,M\Sigma\big)
+            \big((1+\lambda^2) I + c\,M\Sigma\big)^{-1} p,
+        \qquad c = \frac{h^2}{4\beta},
+
+    without forming an inverse. ``noise`` describes :math:`\Sigma`, the covariance
+    of the noisy force:
+
+    - ``"diag"``: its diagonal, shape ``(d,)``; O(d).
+    - ``"full"``: the matrix, shape ``(d, d)``; one linear solve, O(d^3).
+    - ``"lowrank"``: a factor C of shape ``(d, k)`` with :math:`\Sigma = CC^\top`
+      (k = the minibatch size for the per-datum estimate). By the Woodbury identity,
+      :math:`(aI + cMCC^\top)^{-1} p = \big(p - cMC(aI_k + cC^\top MC)^{-1}C^\top
+      p\big)/a`, in O(d k^2 + k^3) and never a d x d matrix.
+
+    :param p: momentum, shape ``(d,)``.
+    :param noise: :math:`\Sigma` in the form ``covariance`` names.
+    :param float step_size: h.
+    :param float lam: :math:`\lambda` from :func:`nogin_lambda`.
+    :param str covariance: ``"lowrank"``, ``"diag"`` or ``"full"``.
+    :param mass: diagonal of M, scalar or shape ``(d,)``.
+    :param float inverse_temperature: :math:`\beta`.
+    :return: ``(p_new, noise_damping)``; ``noise_damping`` is
+        :math:`c\,\rho(M\Sigma)`, the largest eigenvalue of the noise term. Where it
+        is large compared with :math:`1+\lambda^2` the momentum is nearly reversed or
+        cancelled every step and exploration stalls (Matthews & Weare, Section 4.3).
+
+    >>> import jax.numpy as jnp
+    >>> p, _ = nogin_damp(jnp.ones(2), jnp.zeros(2), 0.1, 0.5, covariance="diag")
+    >>> bool(jnp.allclose(p, 0.75 / 1.25))
+    True
+    """
+    d = jnp.shape(p)[0]
+    _check_noise(noise, covariance, d)
+    c = step_size**2 / (4.0 * inverse_temperature)
+    a_plus, a_minus = 1.0 + lam**2, 1.0 - lam**2
+    mass = jnp.broadcast_to(jnp.asarray(mass, p.dtype), (d,))
+    if covariance == "diag":
+        a = c * mass * noise
+        return (a_minus - a) / (a_plus + a) * p, jnp.max(a)
+    if covariance == "full":
+        m_sigma = mass[:, None] * noise
+        x = jnp.linalg.solve(a_plus * jnp.eye(d, dtype=p.dtype) + c * m_sigma, p)
+        # M Sigma is similar to the symmetric M^1/2 Sigma M^1/2: real eigenvalues.
+        root = jnp.sqrt(mass)
+        top = jnp.linalg.eigvalsh(root[:, None] * noise * root[None, :])[-1]
+        return a_minus * x - c * (m_sigma @ x), c * top
+    # lowrank: Sigma = C C^T.
+    mc = mass[:, None] * noise  # M C, (d, k)
+    k = noise.shape[1]
+    small = a_plus * jnp.eye(k, dtype=p.dtype) + c * noise.T @ mc  # (k, k)
+    x = (p - c * mc @ jnp.linalg.solve(small, noise.T @ p)) / a_plus
+    # Nonzero eigenvalues of M C C^T are those of C^T M C.
+    top = jnp.linalg.eigvalsh(noise.T @ mc)[-1] if k else jnp.zeros((), p.dtype)
+    return a_minus * x - c * (mc @ (noise.T @ x)), c * top
+
+
+def nogin_kick(
+    rng_key,
+    p,
+    z_grad,
+    noise,
+    step_size,
+    friction,
+    *,
+    covariance,
+    mass=1.0,
+    inverse_temperature=1.0,
+):
+    r"""The B-O-B middle of one NOGIN step (Algorithm 2, lines 4-7).
+
+    With the force :math:`\tilde F = -\nabla\hat U` (``z_grad`` is the gradient of
+    the potential, NumPyro's sign), one draw :math:`R \sim N(0, M/\beta)` used in
+    both half-kicks:
+
+    .. math::
+
+        p \leftarrow p + h\tilde F/2 + \lambda R, \quad
+        p \leftarrow \text{O-step (:func:`nogin_damp`)}, \quad
+        p \leftarrow p + h\tilde F/2 + \lambda R.
+
+    :param rng_key: random key.
+    :param p: momentum, shape ``(d,)``.
+    :param z_grad: the noisy gradient of the potential at the drifted position.
+    :param noise: :math:`\Sigma` of the noisy force, as :func:`nogin_damp` takes it.
+    :param float step_size: h.
+    :param float friction: :math:`\gamma`.
+    :param str covariance: ``"lowrank"``, ``"diag"`` or ``"full"``.
+    :param mass: diagonal of M, scalar or shape ``(d,)``.
+    :param float inverse_temperature: :math:`\beta`.
+    :return: ``(p_new, noise_damping)``.
+
+    **References**
+
+    1. Matthews, C. & Weare, J. (2018). *Langevin Markov chain Monte Carlo with
+       stochastic gradients* (NOGIN). Algorithms 1 and 2; Lemma 4.2.
+    """
+    lam = nogin_lambda(step_size, friction)
+    d = jnp.shape(p)[0]
+    mass_vec = jnp.broadcast_to(jnp.asarray(mass, p.dtype), (d,))
+    r = jnp.sqrt(mass_vec / inverse_temperature) * random.normal(rng_key, (d,), p.dtype)
+    force = -z_grad  # potential gradient -> force
+    half = 0.5 * step_size * force + lam * r
+    p, noise_damping = nogin_damp(
+        p + half,
+        noise,
+        step_size,
+        lam,
+        covariance=covariance,
+        mass=mass_vec,
+        inverse_temperature=inverse_temperature,
+    )
+    return p + half, noise_damping
