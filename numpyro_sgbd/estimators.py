@@ -153,6 +153,14 @@ class CustomEstimator:
         return out
 
 
+def as_jax_arrays(tree):
+    """NumPy arrays in ``tree`` as JAX arrays, so that traced indices can index them
+    (``X[idx]``); other leaves unchanged."""
+    return jax.tree.map(
+        lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, tree
+    )
+
+
 class MinibatchEstimator:
     """Minibatch gradient of a NumPyro model whose data sit in subsample plates.
 
@@ -224,10 +232,7 @@ class MinibatchEstimator:
         model_kwargs = {} if model_kwargs is None else model_kwargs
         # NumPy data cannot be indexed by the traced minibatch indices (X[idx]);
         # as JAX arrays they can, and jit embeds them as it would anyway.
-        model_args, model_kwargs = jax.tree.map(
-            lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x,
-            (model_args, model_kwargs),
-        )
+        model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
         indices = self.draw(rng_key)
         fn = partial(
             self._terms,

@@ -28,6 +28,8 @@ from numpyro.infer.util import (
 )
 from numpyro.primitives import Messenger
 
+from numpyro_sgbd.estimators import as_jax_arrays
+
 __all__ = ["full_batch", "full_batch_scores", "reference_posterior"]
 
 # A reference is trusted when every check passes (Vehtari et al. 2021 for R-hat and
@@ -63,13 +65,6 @@ class full_batch(Messenger):
             size = msg["args"][0]
             msg["value"] = jnp.arange(size)
             msg["args"] = (size, size)
-
-
-def _as_jax(tree):
-    """NumPy arrays to JAX arrays, so that traced indices can index them."""
-    return jax.tree.map(
-        lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, tree
-    )
 
 
 def _split_arrays(tree):
@@ -145,7 +140,7 @@ def full_batch_scores(model, samples, *model_args, chunk_size=None, **model_kwar
     >>> s["mu"].tolist()  # -mu + sum(y - mu)
     [6.0, 2.0]
     """
-    model_args, model_kwargs = _as_jax((model_args, model_kwargs))
+    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
     latent, _, max_size = _model_sites(model, model_args, model_kwargs)
     missing = [name for name in latent if name not in samples]
     if missing:
@@ -434,7 +429,7 @@ def reference_posterior(
             _report(idata.posterior.attrs, strict, loaded_from=path)
             return idata
 
-    model_args, model_kwargs = _as_jax((model_args, model_kwargs))
+    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
     latent, kept, _ = _model_sites(model, model_args, model_kwargs)
     if not latent:
         raise ValueError("model has no latent sample site: nothing to sample.")
