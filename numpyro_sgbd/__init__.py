@@ -3,12 +3,14 @@
 from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
 from numpyro_sgbd.diagnostics import ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
-from numpyro_sgbd.kernels import SGBD, SGLD, SGState
+from numpyro_sgbd.kernels import NOGIN, SGBD, SGLD, NOGINState, SGState
 from numpyro_sgbd.reference import full_batch, full_batch_scores, reference_posterior
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "NOGIN",
+    "NOGINState",
     "SGBD",
     "SGLD",
     "GradientEstimate",

@@ -36,11 +36,18 @@ class GradientEstimate(NamedTuple):
         ``z_grad`` (pytree like ``z``), or ``None`` where it is unknown. The corrected
         variants need it.
     :param potential_energy: the matching estimate of :math:`U(z)`, or ``None``.
+    :param noise_cov: the covariance :math:`\\Sigma` of the noise in ``z_grad`` over
+        ``z`` flattened by :func:`jax.flatten_util.ravel_pytree`, in the form
+        :class:`~numpyro_sgbd.NOGIN`'s ``covariance`` names: a ``(d, k)`` factor
+        :math:`C` with :math:`\\Sigma = CC^\\top` (``"lowrank"``), the ``(d, d)``
+        matrix (``"full"``) or its diagonal ``(d,)`` (``"diag"``). ``None`` where it
+        is unknown or not asked for.
     """
 
     z_grad: Any
     noise_sd: Any = None
     potential_energy: Any = None
+    noise_cov: Any = None
 
 
 @partial(jax.jit, static_argnames=("size", "subsample_size", "replace"))
@@ -171,16 +178,29 @@ class MinibatchEstimator:
     else). With ``noise=True`` it also forms the n per-datum gradients of the scaled
     likelihood terms (forward or reverse mode, whichever needs fewer passes) and
     returns their noise sd (:func:`noise_variance_factor`); the prior and Jacobian
-    terms are exact and add no noise.
+    terms are exact and add no noise. With ``covariance`` it also returns the noise
+    covariance (SPEC: :math:`\\Sigma = CC^\\top` with
+    :math:`C = \\sqrt{c/(n-1)}\\,(G - \\bar G)^\\top`, G the n x d per-datum gradients
+    of the scaled terms and c the factor of :func:`noise_variance_factor`), as the
+    factor C, the matrix, or its diagonal.
 
     :param model: the NumPyro model.
     :param dict plates: ``{name: (size, subsample_size, dim)}`` of its subsample plates
         (``dim`` may be ``None`` when no observed site was found in the plate).
     :param bool noise: whether to estimate the noise sd (needs exactly one plate).
     :param bool replace: draw indices with replacement.
+    :param str covariance: ``None`` (default), ``"lowrank"``, ``"diag"`` or
+        ``"full"``: also return the noise covariance in that form (implies
+        ``noise``).
     """
 
-    def __init__(self, model, plates, *, noise=False, replace=False):
+    def __init__(self, model, plates, *, noise=False, replace=False, covariance=None):
+        if covariance not in (None, "lowrank", "diag", "full"):
+            raise ValueError(
+                "covariance must be None, 'lowrank', 'diag' or 'full', "
+                f"got {covariance!r}."
+            )
+        noise = noise or covariance is not None
         if noise and len(plates) > 1:
             raise ValueError(
                 "Estimating the gradient noise needs exactly one subsample plate; "
@@ -190,6 +210,7 @@ class MinibatchEstimator:
         self.plates = dict(plates)
         self.noise = noise
         self.replace = replace
+        self.covariance = covariance
 
     def draw(self, rng_key):
         """Fresh indices ``{plate name: indices}`` for every subsample plate."""
@@ -259,4 +280,15 @@ class MinibatchEstimator:
         noise_sd = jax.tree.map(
             lambda g: jnp.sqrt(factor * jnp.var(g, axis=0, ddof=1)), per_datum_grads
         )
-        return GradientEstimate(grad, noise_sd, value)
+        if self.covariance is None:
+            return GradientEstimate(grad, noise_sd, value)
+        flat = jnp.concatenate(
+            [g.reshape(n, -1) for g in jax.tree.leaves(per_datum_grads)], axis=1
+        )  # (n, d), columns in ravel_pytree's order
+        if self.covariance == "diag":
+            cov = factor * jnp.var(flat, axis=0, ddof=1)
+        else:
+            cov = jnp.sqrt(factor / (n - 1)) * (flat - flat.mean(0)).T  # C, (d, n)
+            if self.covariance == "full":
+                cov = cov @ cov.T
+        return GradientEstimate(grad, noise_sd, value, cov)

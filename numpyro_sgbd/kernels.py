@@ -6,6 +6,7 @@ import warnings
 
 import jax
 from jax import random
+from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
@@ -22,10 +23,18 @@ from numpyro_sgbd.estimators import (
     PotentialEstimator,
     draw_indices,
 )
-from numpyro_sgbd.updates import VARIANTS, barker_step, langevin_step
+from numpyro_sgbd.updates import (
+    COVARIANCES,
+    VARIANTS,
+    barker_step,
+    langevin_step,
+    nogin_damp,
+    nogin_drift,
+    nogin_kick,
+)
 from numpyro_sgbd.updates.barker import INCREMENTS
 
-__all__ = ["SGBD", "SGLD", "SGState"]
+__all__ = ["NOGIN", "NOGINState", "SGBD", "SGLD", "SGState"]
 
 SGState = namedtuple(
     "SGState",
@@ -108,6 +117,62 @@ def _check_positive(value, where):
     return arr
 
 
+def _per_site(value, shapes, name):
+    """A hyperparameter (``step_size``, ``mass``) as a pytree matching z, validated
+    against z's shapes: a scalar stays a scalar array; a dict names every site."""
+    if not isinstance(value, dict):
+        arr = jnp.asarray(value, jnp.result_type(float))
+        if isinstance(shapes, dict):
+            if arr.ndim:
+                raise ValueError(
+                    f"{name} has shape {arr.shape}, but z is a dict of sites "
+                    f"{sorted(shapes)}: give a scalar, or a dict "
+                    "{site name: value} for per-coordinate values."
+                )
+            return arr
+        try:
+            np.broadcast_shapes(arr.shape, shapes)
+        except ValueError:
+            raise ValueError(
+                f"{name} has shape {arr.shape}, which does not broadcast to "
+                f"the shape {shapes} of z."
+            ) from None
+        return arr
+    if not isinstance(shapes, dict):
+        raise ValueError(
+            f"{name} is a dict, but z is not a dict of sites; give a scalar or "
+            "an array broadcastable to z."
+        )
+    unknown = sorted(set(value) - set(shapes))
+    missing = sorted(set(shapes) - set(value))
+    if unknown or missing:
+        raise ValueError(
+            f"{name} dict must name every latent site exactly: "
+            + (f"unknown {unknown}; " if unknown else "")
+            + (f"missing {missing}; " if missing else "")
+            + f"the sites are {sorted(shapes)}."
+        )
+    out = {}
+    for site, shape in shapes.items():
+        arr = jnp.asarray(value[site], jnp.result_type(float))
+        try:
+            out[site] = jnp.broadcast_to(arr, shape)
+        except ValueError:
+            raise ValueError(
+                f"{name}[{site!r}] has shape {arr.shape}, which does not "
+                f"broadcast to the site's unconstrained shape {shape}."
+            ) from None
+    return out
+
+
+def _check_positive_tree(value, name):
+    if isinstance(value, dict):
+        for site, v in value.items():
+            _check_positive(v, f"{name}[{site!r}]")
+    else:
+        _check_positive(value, name)
+
+
 def _tree_mean(tree):
     leaves = jax.tree.leaves(tree)
     total = sum(jnp.sum(x) for x in leaves)
@@ -124,17 +189,6 @@ class _SGKernel(MCMCKernel):
 
     sample_field = "z"
 
-    @property
-    def default_fields(self):
-        """``z`` and the four per-draw sampler statistics (see :class:`SGState`)."""
-        return (
-            "z",
-            "potential_energy_estimate",
-            "mean_noise_sd",
-            "tolerance_exceeded",
-            "num_nonfinite",
-        )
-
     def __init__(
         self,
         model=None,
@@ -142,9 +196,6 @@ class _SGKernel(MCMCKernel):
         gradient_fn=None,
         *,
         step_size=None,
-        variant="vanilla",
-        beta=0.1,
-        init_noise_sd=None,
         replace=False,
         init_strategy=init_to_uniform,
         log_likelihood_size=None,
@@ -155,32 +206,13 @@ class _SGKernel(MCMCKernel):
                 "Give exactly one of model, potential_fn or gradient_fn "
                 f"(got {len(sources)})."
             )
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
         if step_size is None:
             raise ValueError(
                 "step_size is required: a positive scalar, or a dict "
                 "{site name: positive value broadcastable to the site's "
                 "unconstrained shape}."
             )
-        if isinstance(step_size, dict):
-            for name, value in step_size.items():
-                _check_positive(value, f"step_size[{name!r}]")
-        else:
-            _check_positive(step_size, "step_size")
-        if not (isinstance(beta, (int, float)) and 0 < beta < 1):
-            raise ValueError(f"beta must be a number in (0, 1), got {beta!r}.")
-        if init_noise_sd is not None:
-            leaves = jax.tree.leaves(init_noise_sd)
-            if not leaves or not all(
-                np.all(np.isfinite(np.asarray(x, float)))
-                and np.all(np.asarray(x, float) >= 0)
-                for x in leaves
-            ):
-                raise ValueError(
-                    "init_noise_sd must be non-negative and finite (a scalar or a "
-                    f"dict of sites), got {init_noise_sd!r}."
-                )
+        _check_positive_tree(step_size, "step_size")
         if log_likelihood_size is not None and (
             not isinstance(log_likelihood_size, int) or log_likelihood_size < 1
         ):
@@ -192,9 +224,6 @@ class _SGKernel(MCMCKernel):
         self._potential_fn = potential_fn
         self._gradient_fn = gradient_fn
         self._step_size_arg = step_size
-        self._variant = variant
-        self._beta = float(beta)
-        self._init_noise_sd = init_noise_sd
         self._replace = bool(replace)
         self._init_strategy = init_strategy
         self._log_likelihood_size = log_likelihood_size
@@ -208,12 +237,29 @@ class _SGKernel(MCMCKernel):
         self._sample_fn = None
         self._init_fns = {}
         self._diagnostics = (0, "")
+        self._num_warmup = 0
+
+    # ------------------------------------------------------- what subclasses set
+    def _noise_form(self):
+        """What the estimator must return besides the gradient: ``None``, ``"sd"``
+        (per-coordinate noise sd) or a covariance form (``"lowrank"``, ...)."""
+        return None
+
+    def _noise_needed_by(self):
+        """(who needs the noise, how to do without) for error messages."""
+        return "", ""
+
+    def _prepare(self, shapes, one_z):
+        """Validate the hyperparameters against z's shapes (before compiling)."""
+        self._step_size = _per_site(self._step_size_arg, shapes, "step_size")
+
+    def _check_probe(self, probe, one_z):
+        """Validate the shapes of a gradient estimate (before compiling)."""
+
+    def _diagnostic_parts(self, state):
+        return []
 
     # ------------------------------------------------------------------ model side
-    @property
-    def variant(self):
-        return self._variant
-
     @property
     def model(self):
         """The model with every subsample plate fixed to :attr:`log_likelihood_indices`.
@@ -230,7 +276,7 @@ class _SGKernel(MCMCKernel):
 
     def _build(self, model_args, model_kwargs):
         """Trace the model once, validate it, and set up the gradient estimator."""
-        corrected = self._variant == "corrected"
+        noise_form = self._noise_form()
         if self._model is None:
             if self._potential_fn is not None:
                 self._estimator = PotentialEstimator(self._potential_fn)
@@ -280,12 +326,12 @@ class _SGKernel(MCMCKernel):
                 UserWarning,
                 stacklevel=3,
             )
-        if corrected and len(plates) > 1:
+        if noise_form is not None and len(plates) > 1:
+            who, fix = self._noise_needed_by()
             raise ValueError(
-                "variant='corrected' estimates the gradient noise from the per-datum "
-                "gradients of one subsample plate, but the model subsamples "
-                f"{sorted(plates)}. Use variant='vanilla' or 'extreme', or subsample "
-                "a single plate."
+                f"{who} estimates the gradient noise from the per-datum gradients of "
+                f"one subsample plate, but the model subsamples {sorted(plates)}. "
+                f"{fix}Subsample a single plate."
             )
         self._plates = {
             name: (size, n, dims.get(name)) for name, (size, n) in plates.items()
@@ -293,7 +339,11 @@ class _SGKernel(MCMCKernel):
         self._plate_deterministic = tuple(deterministic)
         self._z_shapes = shapes
         self._estimator = MinibatchEstimator(
-            self._model, self._plates, noise=corrected, replace=self._replace
+            self._model,
+            self._plates,
+            noise=noise_form == "sd",
+            covariance=None if noise_form in (None, "sd") else noise_form,
+            replace=self._replace,
         )
         keys = random.split(random.key(0), max(len(plates), 1))
         self.log_likelihood_indices = {
@@ -302,53 +352,6 @@ class _SGKernel(MCMCKernel):
             )
             for key, (name, (size, n)) in zip(keys, plates.items())
         }
-
-    def _check_step_size(self, shapes):
-        """The step size as a pytree matching z, validated against the shapes."""
-        step_size = self._step_size_arg
-        if not isinstance(step_size, dict):
-            arr = jnp.asarray(step_size, jnp.result_type(float))
-            if isinstance(shapes, dict):
-                if arr.ndim:
-                    raise ValueError(
-                        f"step_size has shape {arr.shape}, but z is a dict of sites "
-                        f"{sorted(shapes)}: give a scalar, or a dict "
-                        "{site name: value} for per-coordinate steps."
-                    )
-                return arr
-            try:
-                np.broadcast_shapes(arr.shape, shapes)
-            except ValueError:
-                raise ValueError(
-                    f"step_size has shape {arr.shape}, which does not broadcast to "
-                    f"the shape {shapes} of z."
-                ) from None
-            return arr
-        if not isinstance(shapes, dict):
-            raise ValueError(
-                "step_size is a dict, but z is not a dict of sites; give a scalar or "
-                "an array broadcastable to z."
-            )
-        unknown = sorted(set(step_size) - set(shapes))
-        missing = sorted(set(shapes) - set(step_size))
-        if unknown or missing:
-            raise ValueError(
-                "step_size dict must name every latent site exactly: "
-                + (f"unknown {unknown}; " if unknown else "")
-                + (f"missing {missing}; " if missing else "")
-                + f"the sites are {sorted(shapes)}."
-            )
-        out = {}
-        for name, shape in shapes.items():
-            arr = jnp.asarray(step_size[name], jnp.result_type(float))
-            try:
-                out[name] = jnp.broadcast_to(arr, shape)
-            except ValueError:
-                raise ValueError(
-                    f"step_size[{name!r}] has shape {arr.shape}, which does not "
-                    f"broadcast to the site's unconstrained shape {shape}."
-                ) from None
-        return out
 
     def _initial_params(self, rng_key, init_params, model_args, model_kwargs):
         if self._model is None:
@@ -384,6 +387,7 @@ class _SGKernel(MCMCKernel):
     # ------------------------------------------------------------------ MCMC API
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+        self._num_warmup = int(num_warmup)
         self._build(model_args, model_kwargs)
         batched = not is_prng_key(rng_key)
         if batched:
@@ -399,7 +403,7 @@ class _SGKernel(MCMCKernel):
         )
         if self._model is None and isinstance(one_z, dict):
             shapes = {k: tuple(jnp.shape(v)) for k, v in one_z.items()}
-        self._step_size = self._check_step_size(shapes)
+        self._prepare(shapes, one_z)
         probe = jax.eval_shape(
             partial(self._estimator, model_args=model_args, model_kwargs=model_kwargs),
             random.key(0),
@@ -410,11 +414,7 @@ class _SGKernel(MCMCKernel):
                 "The gradient estimate does not have the structure of z: "
                 f"{jax.tree.structure(probe.z_grad)} vs {jax.tree.structure(one_z)}."
             )
-        if self._variant == "corrected" and probe.noise_sd is None:
-            raise ValueError(
-                "variant='corrected' needs the noise sd of the gradient: gradient_fn "
-                "must return GradientEstimate(z_grad, noise_sd=...)."
-            )
+        self._check_probe(probe, one_z)
         init_one = self._cached_init(model_args, model_kwargs)
         if batched:
             state = jax.vmap(init_one)(rng_key, z)
@@ -455,6 +455,129 @@ class _SGKernel(MCMCKernel):
                 self._init_fns = {key: fn}
         arrays = [x for a, x in zip(is_array, leaves) if a]
         return lambda rng_key, z: fn(rng_key, z, arrays)
+
+    def sample(self, state, model_args, model_kwargs):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        new_state = self._sample_fn(state, model_args, model_kwargs)
+        first_stop = jnp.any((new_state.num_nonfinite > 0) & (state.num_nonfinite == 0))
+        jax.lax.cond(
+            first_stop,
+            lambda i: jax.debug.callback(_warn_nonfinite, i),
+            lambda i: None,
+            new_state.i,
+        )
+        return new_state
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        if self._model is None:
+            return identity
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        if self._plates is None:
+            self._build(model_args, model_kwargs)
+        model = self.model
+        drop = self._plate_deterministic
+
+        def fn(z):
+            out = constrain_fn(
+                model, model_args, model_kwargs, z, return_deterministic=True
+            )
+            return {k: v for k, v in out.items() if k not in drop}
+
+        return fn
+
+    def get_diagnostics_str(self, state):
+        # The progress bar asks after every step; reading the state forces a
+        # device sync, so refresh the text only every 100 steps.
+        calls, text = self._diagnostics
+        if calls % 100 == 0:
+            parts = [f"U_hat {float(state.potential_energy_estimate):.4g}"]
+            parts += self._diagnostic_parts(state)
+            if int(state.num_nonfinite) > 0:
+                parts.append("STOPPED (non-finite)")
+            text = ", ".join(parts)
+        self._diagnostics = (calls + 1, text)
+        return text
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_sample_fn"] = None
+        state["_init_fns"] = {}
+        return state
+
+
+class _FirstOrderKernel(_SGKernel):
+    """SGBD and SGLD: a position-only state, a gradient estimate carried from one
+    step to the next, and an optional moving average of the noise sd."""
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size=None,
+        variant="vanilla",
+        beta=0.1,
+        init_noise_sd=None,
+        **kwargs,
+    ):
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
+        if not (isinstance(beta, (int, float)) and 0 < beta < 1):
+            raise ValueError(f"beta must be a number in (0, 1), got {beta!r}.")
+        if init_noise_sd is not None:
+            leaves = jax.tree.leaves(init_noise_sd)
+            if not leaves or not all(
+                np.all(np.isfinite(np.asarray(x, float)))
+                and np.all(np.asarray(x, float) >= 0)
+                for x in leaves
+            ):
+                raise ValueError(
+                    "init_noise_sd must be non-negative and finite (a scalar or a "
+                    f"dict of sites), got {init_noise_sd!r}."
+                )
+        super().__init__(
+            model, potential_fn, gradient_fn, step_size=step_size, **kwargs
+        )
+        self._variant = variant
+        self._beta = float(beta)
+        self._init_noise_sd = init_noise_sd
+
+    @property
+    def default_fields(self):
+        """``z`` and the four per-draw sampler statistics (see :class:`SGState`)."""
+        return (
+            "z",
+            "potential_energy_estimate",
+            "mean_noise_sd",
+            "tolerance_exceeded",
+            "num_nonfinite",
+        )
+
+    @property
+    def variant(self):
+        return self._variant
+
+    def _noise_form(self):
+        return "sd" if self._variant == "corrected" else None
+
+    def _noise_needed_by(self):
+        return "variant='corrected'", "Use variant='vanilla' or 'extreme', or "
+
+    def _check_probe(self, probe, one_z):
+        if self._variant == "corrected" and probe.noise_sd is None:
+            raise ValueError(
+                "variant='corrected' needs the noise sd of the gradient: gradient_fn "
+                "must return GradientEstimate(z_grad, noise_sd=...)."
+            )
+
+    def _diagnostic_parts(self, state):
+        if state.noise_sd is None:
+            return []
+        return [
+            f"tau_hat {float(state.mean_noise_sd):.3g}, "
+            f"over tolerance {100 * float(state.tolerance_exceeded):.0f}%"
+        ]
 
     def _noise_tree(self, z, estimate_noise):
         if estimate_noise is None:
@@ -539,60 +662,8 @@ class _SGKernel(MCMCKernel):
         )
         return jax.tree.map(lambda a, b: jnp.where(ok, a, b), moved, stopped)
 
-    def sample(self, state, model_args, model_kwargs):
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        new_state = self._sample_fn(state, model_args, model_kwargs)
-        first_stop = jnp.any((new_state.num_nonfinite > 0) & (state.num_nonfinite == 0))
-        jax.lax.cond(
-            first_stop,
-            lambda i: jax.debug.callback(_warn_nonfinite, i),
-            lambda i: None,
-            new_state.i,
-        )
-        return new_state
 
-    def postprocess_fn(self, model_args, model_kwargs):
-        if self._model is None:
-            return identity
-        model_kwargs = {} if model_kwargs is None else model_kwargs
-        if self._plates is None:
-            self._build(model_args, model_kwargs)
-        model = self.model
-        drop = self._plate_deterministic
-
-        def fn(z):
-            out = constrain_fn(
-                model, model_args, model_kwargs, z, return_deterministic=True
-            )
-            return {k: v for k, v in out.items() if k not in drop}
-
-        return fn
-
-    def get_diagnostics_str(self, state):
-        # The progress bar asks after every step; reading the state forces a
-        # device sync, so refresh the text only every 100 steps.
-        calls, text = self._diagnostics
-        if calls % 100 == 0:
-            parts = [f"U_hat {float(state.potential_energy_estimate):.4g}"]
-            if state.noise_sd is not None:
-                parts.append(
-                    f"tau_hat {float(state.mean_noise_sd):.3g}, "
-                    f"over tolerance {100 * float(state.tolerance_exceeded):.0f}%"
-                )
-            if int(state.num_nonfinite) > 0:
-                parts.append("STOPPED (non-finite)")
-            text = ", ".join(parts)
-        self._diagnostics = (calls + 1, text)
-        return text
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_sample_fn"] = None
-        state["_init_fns"] = {}
-        return state
-
-
-class SGBD(_SGKernel):
+class SGBD(_FirstOrderKernel):
     r"""Stochastic gradient Barker dynamics (Mauri & Zanella, 2024).
 
     Each coordinate :math:`j` draws an increment :math:`w_j` of scale
@@ -706,7 +777,7 @@ class SGBD(_SGKernel):
         )
 
 
-class SGLD(_SGKernel):
+class SGLD(_FirstOrderKernel):
     r"""Stochastic gradient Langevin dynamics (Welling & Teh, 2011).
 
     .. math::
@@ -744,3 +815,350 @@ class SGLD(_SGKernel):
         return langevin_step(
             rng_key, z, z_grad, step_size, variant=self._variant, noise_sd=noise_sd
         )
+
+
+NOGINState = namedtuple(
+    "NOGINState",
+    [
+        "i",
+        "z",
+        "p",
+        "potential_energy_estimate",
+        "mean_noise_sd",
+        "noise_damping",
+        "num_nonfinite",
+        "rng_key",
+    ],
+)
+NOGINState.__doc__ = """
+State of :class:`NOGIN`. The scalar fields can be collected with
+``MCMC.run(..., extra_fields=(...))``; ``potential_energy_estimate``,
+``mean_noise_sd``, ``noise_damping`` and ``num_nonfinite`` are collected by default.
+
+ - **i** - iteration number.
+ - **z** - position in unconstrained space (dict of sites for a model).
+ - **p** - momentum, a flat vector over z raveled by
+   :func:`jax.flatten_util.ravel_pytree`.
+ - **potential_energy_estimate** - the minibatch estimate of the potential at the
+   half-step position where the last step evaluated its force.
+ - **mean_noise_sd** - the mean over coordinates of the noise sd
+   :math:`\\sqrt{\\Sigma_{jj}}` of the last force (0 with exact gradients).
+ - **noise_damping** - :math:`\\frac{\\beta h^2}{4}\\rho(\\Sigma M^{-1})`, the largest
+   eigenvalue of the noise term of the last O-step (0 with exact gradients). The
+   damping factor's smallest eigenvalue is
+   :math:`(1-\\lambda^2-x)/(1+\\lambda^2+x)` at this value x; near 1 or above,
+   gradient noise rather than the step size limits exploration (see :class:`NOGIN`).
+ - **num_nonfinite** - number of refused non-finite steps (see :class:`SGState`).
+ - **rng_key** - random key.
+"""
+
+# noise_damping above which the gradient noise, not the step, sets the
+# autocorrelation time (Matthews & Weare, Section 4.3).
+_STALL_DAMPING = 1.0
+# Check the damping once, at this iteration or at the end of warmup if later.
+_STALL_CHECK_ITERATION = 100
+
+
+def _warn_stall(i, damping):
+    warnings.warn(
+        f"NOGIN: noise_damping = {float(np.max(damping)):.3g} at iteration "
+        f"{int(np.max(i))}. The momentum damping that cancels the gradient noise "
+        "multiplies the autocorrelation time by about 1 + noise_damping (Matthews & "
+        "Weare, Section 4.3): below this subsample size fewer data per step no longer "
+        "buy more effective draws per data pass. Increase subsample_size (the noise "
+        "variance falls like 1/n) or otherwise reduce the gradient noise. Far from "
+        "the posterior the noise is larger still and can freeze the chain: start "
+        "NOGIN near the posterior (init_params from an optimiser or a short SGBD "
+        "run). See state.noise_damping / sample_stats.",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
+def _mean_noise_sd(noise, covariance):
+    if covariance == "diag":
+        var = noise
+    elif covariance == "full":
+        var = jnp.diagonal(noise)
+    else:
+        var = jnp.sum(noise**2, axis=1)
+    return jnp.mean(jnp.sqrt(var)) if var.size else jnp.zeros((), noise.dtype)
+
+
+class NOGIN(_SGKernel):
+    r"""NOGIN, the noisy gradient integrator (Matthews & Weare).
+
+    Underdamped Langevin dynamics in (z, p), integrated by A-B-O-B-A steps whose
+    O-step damps the momentum by the covariance :math:`\Sigma` of the minibatch force
+    :math:`\tilde F = -\nabla\hat U` (Algorithm 2). With
+    :math:`\lambda = \sqrt{(1-e^{-\gamma h})/(1+e^{-\gamma h})}` and one draw
+    :math:`R\sim N(0, M/\beta)` per step:
+
+    .. math::
+
+        z &\leftarrow z + \tfrac h2 M^{-1}p, \qquad
+        p \leftarrow p + \tfrac h2\tilde F(z) + \lambda R, \\
+        p &\leftarrow \Big((1-\lambda^2)I - \tfrac{\beta h^2}{4}\Sigma M^{-1}\Big)
+            \Big((1+\lambda^2)I + \tfrac{\beta h^2}{4}\Sigma M^{-1}\Big)^{-1}p, \\
+        p &\leftarrow p + \tfrac h2\tilde F(z) + \lambda R, \qquad
+        z \leftarrow z + \tfrac h2 M^{-1}p.
+
+    The O-step damps by :math:`\beta\Sigma M^{-1}`, not the paper's
+    :math:`M\Sigma/\beta`, which is exact only for :math:`M = I`, :math:`\beta = 1`
+    (see :func:`~numpyro_sgbd.updates.nogin_damp`).
+    For a Gaussian target with Gaussian gradient noise the z-marginal is exact at any
+    stable step (:math:`h^2 < 4\rho(\Omega)` in the scale M sets; Lemma 4.2); for
+    smooth targets the bias is :math:`O(h^2)` (Theorem 4.1), where SGLD's is
+    :math:`O(h)` plus the gradient noise's share.
+
+    :math:`\Sigma` comes from the minibatch's per-datum gradients (SPEC:
+    :math:`\Sigma = CC^\top`, :math:`C = \sqrt{c/(n-1)}(G-\bar G)^\top`), in one of
+    three forms:
+
+    - ``"lowrank"`` (default): the d x n factor C; the O-step is solved by the
+      Woodbury identity in :math:`O(dn^2 + n^3)` and never forms a d x d matrix. Exact
+      for the minibatch estimate; the choice for d > n (regressions on many features,
+      neural networks, matrix factorisation) and for any d when n is small.
+    - ``"full"``: the d x d matrix, one linear solve per step, :math:`O(d^2 n + d^3)`.
+      Same result as ``"lowrank"``; cheaper only when d is small and n > d.
+    - ``"diag"``: only the diagonal, :math:`O(dn)`: the cheap approximation that
+      drops the correlations of the noise between coordinates (biased where they
+      matter, e.g. correlated features).
+
+    **Scale.** With the default unit mass, z's natural unit of time is its posterior
+    sd s: set ``mass`` to about the posterior precision (:math:`1/s^2`, per site or
+    coordinate), and then ``step_size`` around 0.1-1 and ``friction`` around 1 are
+    sensible. The scheme is stable for :math:`h^2 < 4 s^2 m`. ``noise_damping`` in
+    the state (and ArviZ's ``sample_stats``) is
+    :math:`\frac{\beta h^2}{4}\rho(\Sigma M^{-1})`; the autocorrelation time is about
+    :math:`(4/h^2)(1 + \text{noise\_damping})` steps (Section 4.3), so above 1 the
+    gradient noise, not the step, limits exploration. The kernel warns, once, when
+    it exceeds 1 at iteration ``max(num_warmup, 100)``.
+
+    :param model: a NumPyro model with its data in
+        ``numpyro.plate(name, N, subsample_size=n)``, as for :class:`SGBD`; the
+        noise covariance needs a single subsample plate. A model without one runs
+        full batch with :math:`\Sigma = 0`.
+    :param potential_fn: instead of a model, a potential :math:`U(z)`: exact
+        gradients, :math:`\Sigma = 0`. Needs ``init_params``.
+    :param gradient_fn: instead of a model, ``gradient_fn(rng_key, z)`` returning a
+        :class:`~numpyro_sgbd.GradientEstimate` with ``noise_cov`` in the form
+        ``covariance`` names (over z raveled by
+        :func:`~jax.flatten_util.ravel_pytree`). Needs ``init_params``.
+    :param float step_size: h, a positive scalar (precondition with ``mass``).
+    :param float friction: :math:`\gamma > 0`. Default 1.
+    :param mass: the diagonal of M: a positive scalar, an array broadcastable to z,
+        or a dict ``{site: value}`` broadcastable to each site's unconstrained shape.
+    :param float inverse_temperature: :math:`\beta > 0` (Algorithm 2); the chain
+        targets :math:`\pi^\beta`. Default 1.
+    :param str covariance: ``"lowrank"`` (default), ``"full"`` or ``"diag"``.
+    :param bool replace: draw minibatch indices with replacement (as :class:`SGBD`).
+    :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
+    :param int log_likelihood_size: as for :class:`SGBD`.
+
+    **References**
+
+    1. Matthews, C. & Weare, J. (2018). *Langevin Markov chain Monte Carlo with
+       stochastic gradients.* Algorithms 1-2, eq. (4), Lemma 4.2, Theorem 4.1,
+       Section 4.3.
+
+    **Example**
+
+    >>> import jax, jax.numpy as jnp
+    >>> from numpyro.infer import MCMC
+    >>> from numpyro_sgbd import GradientEstimate
+    >>> def gradient_fn(rng_key, z):  # N(0, 1) target, force noise of variance 1
+    ...     noise = jax.random.normal(rng_key, z.shape)
+    ...     return GradientEstimate(z + noise, noise_cov=jnp.ones(z.shape))
+    >>> kernel = NOGIN(gradient_fn=gradient_fn, step_size=1.5, covariance="diag")
+    >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=4000, num_chains=8,
+    ...             chain_method="vectorized", progress_bar=False)
+    >>> mcmc.run(jax.random.key(0), init_params=jnp.zeros((8, 1)))
+    >>> bool(abs(mcmc.get_samples().var() - 1.0) < 0.1)  # SGLD: about 3.6
+    True
+    """
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size=None,
+        friction=1.0,
+        mass=1.0,
+        inverse_temperature=1.0,
+        covariance="lowrank",
+        **kwargs,
+    ):
+        if step_size is not None and (
+            isinstance(step_size, dict) or np.ndim(step_size) != 0
+        ):
+            raise ValueError(
+                "NOGIN's step_size must be a positive scalar; for per-coordinate "
+                f"scales set mass= (the diagonal of M). Got {step_size!r}."
+            )
+        _check_positive(friction, "friction")
+        _check_positive(inverse_temperature, "inverse_temperature")
+        _check_positive_tree(mass, "mass")
+        if covariance not in COVARIANCES:
+            raise ValueError(
+                f"covariance must be one of {COVARIANCES}, got {covariance!r}."
+            )
+        super().__init__(
+            model, potential_fn, gradient_fn, step_size=step_size, **kwargs
+        )
+        self._friction = float(friction)
+        self._inverse_temperature = float(inverse_temperature)
+        self._mass_arg = mass
+        self._covariance = covariance
+        self._mass = None
+
+    @property
+    def default_fields(self):
+        """``z`` and the per-draw sampler statistics (see :class:`NOGINState`)."""
+        return (
+            "z",
+            "potential_energy_estimate",
+            "mean_noise_sd",
+            "noise_damping",
+            "num_nonfinite",
+        )
+
+    @property
+    def covariance(self):
+        return self._covariance
+
+    def _noise_form(self):
+        return self._covariance
+
+    def _noise_needed_by(self):
+        return "NOGIN", ""
+
+    def _prepare(self, shapes, one_z):
+        super()._prepare(shapes, one_z)
+        mass = _per_site(self._mass_arg, shapes, "mass")
+        flat_z, _ = ravel_pytree(one_z)
+        if isinstance(mass, dict):  # ravel_pytree orders both dicts by key
+            mass = ravel_pytree(mass)[0]
+        elif isinstance(shapes, dict):  # one scalar for every site
+            mass = jnp.broadcast_to(mass, flat_z.shape)
+        else:  # z is one array
+            mass = jnp.broadcast_to(mass, shapes).ravel()
+        self._mass = jnp.asarray(mass, flat_z.dtype)
+
+    def _check_probe(self, probe, one_z):
+        if probe.noise_cov is None:
+            if self._gradient_fn is not None:
+                raise ValueError(
+                    "NOGIN needs the covariance of the gradient noise: gradient_fn "
+                    "must return GradientEstimate(z_grad, noise_cov=...) in the form "
+                    f"covariance={self._covariance!r} names (zeros for exact "
+                    "gradients)."
+                )
+            return
+        d = ravel_pytree(one_z)[0].shape[0]
+        try:
+            jax.eval_shape(
+                partial(nogin_damp, covariance=self._covariance),
+                jax.ShapeDtypeStruct((d,), jnp.result_type(float)),
+                probe.noise_cov,
+                1.0,
+                0.5,
+            )
+        except ValueError as err:
+            raise ValueError(f"The gradient estimate's noise_cov: {err}") from None
+
+    def _kick(self, rng_key, p, z_grad, noise_cov):
+        if noise_cov is None:  # exact gradients: Sigma = 0
+            noise_cov, covariance = jnp.zeros_like(p), "diag"
+        else:
+            covariance = self._covariance
+        p, damping = nogin_kick(
+            rng_key,
+            p,
+            ravel_pytree(z_grad)[0],
+            noise_cov,
+            self._step_size,
+            self._friction,
+            covariance=covariance,
+            mass=self._mass,
+            inverse_temperature=self._inverse_temperature,
+        )
+        return p, damping, _mean_noise_sd(noise_cov, covariance)
+
+    def _init_state(self, rng_key, z, model_args, model_kwargs):
+        rng_key, key_p, key_est = random.split(rng_key, 3)
+        flat, _ = ravel_pytree(z)
+        scale = jnp.sqrt(self._mass / self._inverse_temperature)
+        p = scale * random.normal(key_p, flat.shape, flat.dtype)
+        est = self._estimator(key_est, z, model_args, model_kwargs)
+        noise = est.noise_cov
+        mean_sd = (
+            jnp.zeros((), flat.dtype)
+            if noise is None
+            else _mean_noise_sd(noise, self._covariance)
+        )
+        return NOGINState(
+            i=jnp.array(0),
+            z=z,
+            p=p,
+            potential_energy_estimate=jnp.asarray(
+                est.potential_energy, jnp.result_type(float)
+            ),
+            mean_noise_sd=mean_sd,
+            noise_damping=jnp.array(jnp.nan, flat.dtype),
+            num_nonfinite=jnp.array(0),
+            rng_key=rng_key,
+        )
+
+    def _sample_one(self, state, model_args, model_kwargs):
+        rng_key, key_kick, key_est = random.split(state.rng_key, 3)
+        flat, unravel = ravel_pytree(state.z)
+        flat = nogin_drift(flat, state.p, self._step_size, self._mass)
+        est = self._estimator(key_est, unravel(flat), model_args, model_kwargs)
+        p, damping, mean_sd = self._kick(key_kick, state.p, est.z_grad, est.noise_cov)
+        flat = nogin_drift(flat, p, self._step_size, self._mass)
+        potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
+        ok = (
+            _finite((flat, p, damping))
+            & (
+                jnp.isfinite(potential)
+                | jnp.isnan(potential) & (self._gradient_fn is not None)
+            )
+            & (state.num_nonfinite == 0)
+        )
+        moved = NOGINState(
+            state.i + 1,
+            unravel(flat),
+            p,
+            potential,
+            mean_sd,
+            damping,
+            state.num_nonfinite,
+            rng_key,
+        )
+        stopped = state._replace(
+            i=state.i + 1, num_nonfinite=state.num_nonfinite + 1, rng_key=rng_key
+        )
+        return jax.tree.map(lambda a, b: jnp.where(ok, a, b), moved, stopped)
+
+    def sample(self, state, model_args, model_kwargs):
+        new_state = super().sample(state, model_args, model_kwargs)
+        check_at = max(self._num_warmup, _STALL_CHECK_ITERATION)
+        stalled = jnp.any(
+            (new_state.i == check_at) & (new_state.noise_damping > _STALL_DAMPING)
+        )
+        jax.lax.cond(
+            stalled,
+            lambda i, x: jax.debug.callback(_warn_stall, i, x),
+            lambda i, x: None,
+            new_state.i,
+            new_state.noise_damping,
+        )
+        return new_state
+
+    def _diagnostic_parts(self, state):
+        return [
+            f"noise_damping {float(np.max(state.noise_damping)):.3g}",
+        ]

@@ -25,8 +25,8 @@ def test_lowrank_woodbury_equals_dense_solve_equals_diag():
     low, low_top = nogin_damp(p, factor, covariance="lowrank", **kwargs)
     full, full_top = nogin_damp(p, factor @ factor.T, covariance="full", **kwargs)
     # Reference: the formula with an explicit inverse, in float64.
-    c = 0.7**2 / (4 * 1.3)
-    ms = np.diag(np.asarray(mass, np.float64)) @ np.asarray(factor @ factor.T, float)
+    c = 1.3 * 0.7**2 / 4
+    ms = np.asarray(factor @ factor.T, float) @ np.diag(1 / np.asarray(mass, float))
     expected = (
         ((1 - 0.16) * np.eye(d) - c * ms)
         @ np.linalg.inv((1 + 0.16) * np.eye(d) + c * ms)
@@ -74,12 +74,12 @@ NUM_CHAINS, NUM_STEPS = 20_000, 300
 H, OMEGA, SIGMA2 = 1.5, 1.0, 2.0  # h^2 = 2.25 < 4 Omega: stable
 
 
-def _final_states(step, rng_key):
+def _final_states(step, rng_key, mass=1.0, beta=1.0):
     """Run NUM_CHAINS independent chains of ``step(key, state) -> state`` from the
     target's law and return the final states."""
     k0, k1, k2 = random.split(rng_key, 3)
-    theta = jnp.sqrt(OMEGA) * random.normal(k0, (NUM_CHAINS, 1))
-    p = random.normal(k1, (NUM_CHAINS, 1))
+    theta = jnp.sqrt(OMEGA / beta) * random.normal(k0, (NUM_CHAINS, 1))
+    p = jnp.sqrt(mass / beta) * random.normal(k1, (NUM_CHAINS, 1))
 
     def run(key, theta, p):
         def body(state, key):
@@ -92,11 +92,11 @@ def _final_states(step, rng_key):
     return jax.jit(jax.vmap(run))(keys, theta, p)
 
 
-def _nogin_step(sigma2_in_damping):
+def _nogin_step(sigma2_in_damping, mass=1.0, beta=1.0):
     def step(key, state):
         theta, p = state
         k_noise, k_kick = random.split(key)
-        theta = nogin_drift(theta, p, H)
+        theta = nogin_drift(theta, p, H, mass)
         # Gradient of U = theta^2 / (2 Omega), plus exactly Gaussian noise.
         z_grad = theta / OMEGA + jnp.sqrt(SIGMA2) * random.normal(k_noise, (1,))
         p, _ = nogin_kick(
@@ -107,8 +107,10 @@ def _nogin_step(sigma2_in_damping):
             H,
             1.0,
             covariance="diag",
+            mass=mass,
+            inverse_temperature=beta,
         )
-        return nogin_drift(theta, p, H), p
+        return nogin_drift(theta, p, H, mass), p
 
     return step
 
@@ -143,3 +145,16 @@ def test_lemma_4_2_nogin_is_exact_for_a_gaussian_at_a_large_step():
     assert abs(var_sgld / sgld_law - 1) < tol, (var_sgld, sgld_law)
     assert var_sgld > 4 * OMEGA  # visibly biased
     print(f"Lemma 4.2 at h={H}: NOGIN var {var_theta:.4f}, SGLD var {var_sgld:.3f}")
+
+
+def test_lemma_4_2_holds_with_mass_and_temperature():
+    # The target is pi^beta = N(0, Omega / beta). The damping is beta Sigma M^-1;
+    # the paper's M Sigma / beta (exact only for M = 1, beta = 1) gives about a
+    # twelfth of the variance here (checked by hand).
+    mass, beta = 4.0, 0.5
+    theta, _ = _final_states(
+        _nogin_step(SIGMA2, mass, beta), random.key(2), mass=mass, beta=beta
+    )
+    var_theta = float(jnp.var(theta))
+    tol = 4 * np.sqrt(2 / NUM_CHAINS)
+    assert abs(var_theta * beta / OMEGA - 1) < tol, var_theta

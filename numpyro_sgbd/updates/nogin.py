@@ -64,22 +64,39 @@ def _check_noise(noise, covariance, d):
 def nogin_damp(
     p, noise, step_size, lam, *, covariance, mass=1.0, inverse_temperature=1.0
 ):
-    r"""The O-step: damp the momentum by the gradient covariance (Algorithm 2, line 6).
+    r"""The O-step: damp the momentum by the gradient covariance (Algorithm 2, line 6,
+    corrected for mass and temperature; see below).
 
     .. math::
 
-        p \leftarrow \big((1-\lambda^2) I - c\,M\Sigma\big)
-            \big((1+\lambda^2) I + c\,M\Sigma\big)^{-1} p,
-        \qquad c = \frac{h^2}{4\beta},
+        p \leftarrow \big((1-\lambda^2) I - c\,\Sigma M^{-1}\big)
+            \big((1+\lambda^2) I + c\,\Sigma M^{-1}\big)^{-1} p,
+        \qquad c = \frac{\beta h^2}{4},
 
-    without forming an inverse. ``noise`` describes :math:`\Sigma`, the covariance
-    of the noisy force:
+    without forming an inverse. As :math:`(1-\lambda^2) + (1+\lambda^2) = 2`, the
+    update is :math:`2x - p` with :math:`x = ((1+\lambda^2)I + c\Sigma M^{-1})^{-1}p`:
+    in strongly damped directions x is small and its rounding error stays small,
+    where multiplying it by :math:`c\Sigma M^{-1}` would amplify it.
+
+    The paper's Algorithm 2 (and SPEC.md, which copies it) writes
+    :math:`\frac{h^2}{4\beta} M\Sigma`: dimensionally inconsistent, and equal to
+    the form above only for :math:`M = I`, :math:`\beta = 1`. The two half-kicks
+    add :math:`h^2\Sigma` to the momentum variance whatever M and :math:`\beta`,
+    while the momentum's law is :math:`N(0, M/\beta)`; the damping that removes
+    it is :math:`\beta\Sigma M^{-1}`. With it Lemma 4.2 holds for any mass and
+    temperature (the stationary covariance of the linear Gaussian chain, computed
+    exactly, equals :math:`\Omega/\beta`); with the paper's form it does not
+    (scalar M = 4, :math:`\beta = 1`, h = 0.8, :math:`\Omega = 2`,
+    :math:`\Sigma = 3`: 0.43 instead of 2).
+
+    ``noise`` describes :math:`\Sigma`, the covariance of the noisy force:
 
     - ``"diag"``: its diagonal, shape ``(d,)``; O(d).
     - ``"full"``: the matrix, shape ``(d, d)``; one linear solve, O(d^3).
     - ``"lowrank"``: a factor C of shape ``(d, k)`` with :math:`\Sigma = CC^\top`
-      (k = the minibatch size for the per-datum estimate). By the Woodbury identity,
-      :math:`(aI + cMCC^\top)^{-1} p = \big(p - cMC(aI_k + cC^\top MC)^{-1}C^\top
+      (k = the minibatch size for the per-datum estimate). With
+      :math:`D = M^{-1}C`, the Woodbury identity gives
+      :math:`(aI + cCD^\top)^{-1} p = \big(p - cC(aI_k + cD^\top C)^{-1}D^\top
       p\big)/a`, in O(d k^2 + k^3) and never a d x d matrix.
 
     :param p: momentum, shape ``(d,)``.
@@ -90,9 +107,10 @@ def nogin_damp(
     :param mass: diagonal of M, scalar or shape ``(d,)``.
     :param float inverse_temperature: :math:`\beta`.
     :return: ``(p_new, noise_damping)``; ``noise_damping`` is
-        :math:`c\,\rho(M\Sigma)`, the largest eigenvalue of the noise term. Where it
-        is large compared with :math:`1+\lambda^2` the momentum is nearly reversed or
-        cancelled every step and exploration stalls (Matthews & Weare, Section 4.3).
+        :math:`c\,\rho(\Sigma M^{-1})`, the largest eigenvalue of the noise term.
+        Where it is large compared with :math:`1+\lambda^2` the momentum is nearly
+        reversed or cancelled every step and exploration stalls (Matthews & Weare,
+        Section 4.3).
 
     >>> import jax.numpy as jnp
     >>> p, _ = nogin_damp(jnp.ones(2), jnp.zeros(2), 0.1, 0.5, covariance="diag")
@@ -101,27 +119,28 @@ def nogin_damp(
     """
     d = jnp.shape(p)[0]
     _check_noise(noise, covariance, d)
-    c = step_size**2 / (4.0 * inverse_temperature)
-    a_plus, a_minus = 1.0 + lam**2, 1.0 - lam**2
-    mass = jnp.broadcast_to(jnp.asarray(mass, p.dtype), (d,))
+    c = inverse_temperature * step_size**2 / 4.0
+    a_plus = 1.0 + lam**2
+    inv_mass = 1.0 / jnp.broadcast_to(jnp.asarray(mass, p.dtype), (d,))
     if covariance == "diag":
-        a = c * mass * noise
-        return (a_minus - a) / (a_plus + a) * p, jnp.max(a)
+        a = c * noise * inv_mass
+        return (2.0 - a_plus - a) / (a_plus + a) * p, jnp.max(a)
     if covariance == "full":
-        m_sigma = mass[:, None] * noise
-        x = jnp.linalg.solve(a_plus * jnp.eye(d, dtype=p.dtype) + c * m_sigma, p)
-        # M Sigma is similar to the symmetric M^1/2 Sigma M^1/2: real eigenvalues.
-        root = jnp.sqrt(mass)
+        s_minv = noise * inv_mass[None, :]  # Sigma M^-1
+        x = jnp.linalg.solve(a_plus * jnp.eye(d, dtype=p.dtype) + c * s_minv, p)
+        # Sigma M^-1 is similar to the symmetric M^-1/2 Sigma M^-1/2.
+        root = jnp.sqrt(inv_mass)
         top = jnp.linalg.eigvalsh(root[:, None] * noise * root[None, :])[-1]
-        return a_minus * x - c * (m_sigma @ x), c * top
-    # lowrank: Sigma = C C^T.
-    mc = mass[:, None] * noise  # M C, (d, k)
+        return 2.0 * x - p, c * top
+    # lowrank: Sigma M^-1 = C D^T with D = M^-1 C.
+    dm = inv_mass[:, None] * noise  # (d, k)
     k = noise.shape[1]
-    small = a_plus * jnp.eye(k, dtype=p.dtype) + c * noise.T @ mc  # (k, k)
-    x = (p - c * mc @ jnp.linalg.solve(small, noise.T @ p)) / a_plus
-    # Nonzero eigenvalues of M C C^T are those of C^T M C.
-    top = jnp.linalg.eigvalsh(noise.T @ mc)[-1] if k else jnp.zeros((), p.dtype)
-    return a_minus * x - c * (mc @ (noise.T @ x)), c * top
+    gram = noise.T @ dm  # C^T M^-1 C, (k, k), symmetric
+    small = a_plus * jnp.eye(k, dtype=p.dtype) + c * gram
+    x = (p - c * noise @ jnp.linalg.solve(small, dm.T @ p)) / a_plus
+    # Nonzero eigenvalues of C D^T are those of D^T C.
+    top = jnp.linalg.eigvalsh(gram)[-1] if k else jnp.zeros((), p.dtype)
+    return 2.0 * x - p, c * top
 
 
 def nogin_kick(
@@ -162,7 +181,8 @@ def nogin_kick(
     **References**
 
     1. Matthews, C. & Weare, J. (2018). *Langevin Markov chain Monte Carlo with
-       stochastic gradients* (NOGIN). Algorithms 1 and 2; Lemma 4.2.
+       stochastic gradients* (NOGIN). Algorithms 1 and 2 (with the O-step of
+       :func:`nogin_damp`); Lemma 4.2.
     """
     lam = nogin_lambda(step_size, friction)
     d = jnp.shape(p)[0]
