@@ -110,3 +110,29 @@ def test_minibatch_gradient_is_unbiased():
             g.std(0),
             rtol=0.1,
         )
+
+
+def test_noise_covariance_forms_match_hand_written():
+    # Sigma = c Cov(per-datum gradients) over z raveled in ravel_pytree's order
+    # ("s" before "w"), as factor C (d, n), as the matrix, and as its diagonal.
+    N, dim = 40, 3
+    X = random.normal(random.key(0), (N, dim))
+    y = (random.uniform(random.key(1), (N,)) < 0.5).astype(jnp.float32)
+    z = {"w": random.normal(random.key(2), (dim,)) * 0.3, "s": jnp.array(0.2)}
+    key = random.key(3)
+    out = {}
+    for form in ("lowrank", "full", "diag"):
+        est = MinibatchEstimator(logistic, {"data": (N, 8, -1)}, covariance=form)
+        out[form] = est(key, z, (X, y), {}).noise_cov
+    idx = est.draw(key)["data"]
+    _, per_datum = _hand_written(X, y, z, idx)
+    flat = np.concatenate([per_datum["s"][:, None], per_datum["w"]], axis=1)
+    sigma = noise_variance_factor(N, 8) * np.cov(flat, rowvar=False, ddof=1)
+    assert out["lowrank"].shape == (dim + 1, 8)
+    np.testing.assert_allclose(
+        out["lowrank"] @ out["lowrank"].T, sigma, rtol=1e-4, atol=1e-4
+    )
+    np.testing.assert_allclose(out["full"], sigma, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out["diag"], np.diag(sigma), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="covariance must be"):
+        MinibatchEstimator(logistic, {"data": (N, 8, -1)}, covariance="dense")
