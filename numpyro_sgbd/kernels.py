@@ -459,7 +459,10 @@ class _SGKernel(MCMCKernel):
     def sample(self, state, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         new_state = self._sample_fn(state, model_args, model_kwargs)
-        first_stop = jnp.any((new_state.num_nonfinite > 0) & (state.num_nonfinite == 0))
+        # Once per run: when the first chain stops (vectorized chains share a call).
+        first_stop = jnp.any(new_state.num_nonfinite > 0) & jnp.all(
+            state.num_nonfinite == 0
+        )
         jax.lax.cond(
             first_stop,
             lambda i: jax.debug.callback(_warn_nonfinite, i),
