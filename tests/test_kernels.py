@@ -39,13 +39,16 @@ def variance_model(y):
 
 
 # Kernel factories, given the scale ``sd`` of the posterior (the Gaussian model's
-# is about 0.03): SGBD and SGLD step 0.2 sd; NOGIN's mass is the precision 1/sd^2,
+# is about 0.03): SGBD and SGLD (corrected, so the noise statistics are
+# defined) step 0.2 sd; NOGIN's mass is the precision 1/sd^2,
 # so that its step is in sd units.
 KERNELS = {
     "SGBD": lambda model, sd=0.03, **kw: SGBD(
         model, step_size=0.2 * sd, variant="corrected", **kw
     ),
-    "SGLD": lambda model, sd=0.03, **kw: SGLD(model, step_size=0.2 * sd, **kw),
+    "SGLD": lambda model, sd=0.03, **kw: SGLD(
+        model, step_size=0.2 * sd, variant="corrected", **kw
+    ),
     "NOGIN": lambda model, sd=0.03, h=0.5, **kw: NOGIN(
         model, step_size=h, mass=sd**-2, **kw
     ),
