@@ -4,7 +4,13 @@ from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
 from numpyro_sgbd.diagnostics import ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
 from numpyro_sgbd.kernels import NOGIN, SGBD, SGLD, NOGINState, SGState
-from numpyro_sgbd.reference import full_batch, full_batch_scores, reference_posterior
+from numpyro_sgbd.reference import (
+    PosteriorMode,
+    full_batch,
+    full_batch_scores,
+    posterior_mode,
+    reference_posterior,
+)
 
 __version__ = "0.1.0"
 
@@ -22,6 +28,8 @@ __all__ = [
     "ksd",
     "plot_marginals",
     "posterior_ksd",
+    "PosteriorMode",
+    "posterior_mode",
     "reference_posterior",
     "__version__",
 ]

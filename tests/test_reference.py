@@ -11,7 +11,12 @@ from numpyro.infer import MCMC, NUTS
 from numpyro.infer.util import potential_energy
 import pytest
 
-from numpyro_sgbd import full_batch, full_batch_scores, reference_posterior
+from numpyro_sgbd import (
+    full_batch,
+    full_batch_scores,
+    posterior_mode,
+    reference_posterior,
+)
 from numpyro_sgbd.reference import _cache_key
 
 
@@ -240,3 +245,33 @@ def test_cache_key_sees_closure_values_not_only_source():
     assert len(keys) == 2
     same = _cache_key(make_model(1.0), (y,), {}, {"num_samples": 10})
     assert same in keys
+
+
+def test_posterior_mode_is_the_full_data_mode_with_its_curvature():
+    """Normal mean and a variance: both modes and curvatures in closed form.
+
+    mu: y ~ N(mu, 1), mu ~ N(0, 10^2): mode sum(y) / (N + 0.01), curvature
+    N + 0.01. v: z ~ N(0, v), v ~ InverseGamma(3, 2); on u = log v (the
+    unconstrained scale, Jacobian included) the potential is a u + b exp(-u) with
+    a = 3 + N/2 - 1 + 1, b = 2 + sum(z^2)/2: mode v = b / a, curvature a. The plate
+    subsamples 10 of 400 rows; unwidened, the mode would follow one minibatch.
+    """
+    n_data = 400
+    y = 1.5 + random.normal(random.key(1), (n_data,))
+    z = 2.0 * random.normal(random.key(2), (n_data,))
+
+    def model(y, z):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        v = numpyro.sample("v", dist.InverseGamma(3.0, 2.0))
+        with numpyro.plate("data", n_data, subsample_size=10) as idx:
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+            numpyro.sample("z", dist.Normal(0.0, jnp.sqrt(v)), obs=z[idx])
+
+    mode = posterior_mode(model, y, z)
+    assert set(mode.params) == {"mu", "v"}
+    precision = n_data + 0.01
+    np.testing.assert_allclose(mode.params["mu"], jnp.sum(y) / precision, rtol=1e-4)
+    np.testing.assert_allclose(mode.hessian_diag["mu"], precision, rtol=1e-3)
+    a, b = 3.0 + n_data / 2, 2.0 + float(jnp.sum(z**2)) / 2
+    np.testing.assert_allclose(mode.params["v"], b / a, rtol=1e-4)
+    np.testing.assert_allclose(mode.hessian_diag["v"], a, rtol=1e-3)
