@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 from numpyro import handlers
-from numpyro.infer import MCMC, NUTS, init_to_median
+from numpyro.infer import MCMC, NUTS, init_to_median, init_to_sample
 from numpyro.infer.util import (
     constrain_fn,
     initialize_model,
@@ -96,12 +96,16 @@ def _model_sites(model, model_args, model_kwargs):
     Deterministic sites inside a subsample plate have one value per data point and
     are dropped, as the SG kernels drop them.
     """
-    trace = handlers.trace(handlers.seed(full_batch(model), 0)).get_trace(
-        *model_args, **model_kwargs
-    )
+
+    def traced(fn):
+        # init_to_sample also values sites that cannot be sampled (ImproperUniform).
+        fn = handlers.substitute(handlers.seed(fn, 0), substitute_fn=init_to_sample)
+        return handlers.trace(fn).get_trace(*model_args, **model_kwargs)
+
+    trace = traced(full_batch(model))
     data_plates = set()
     max_size = 1
-    raw = handlers.trace(handlers.seed(model, 0)).get_trace(*model_args, **model_kwargs)
+    raw = traced(model)
     for site in raw.values():
         if site["type"] == "plate":
             size, n = site["args"]

@@ -275,3 +275,34 @@ def test_posterior_mode_is_the_full_data_mode_with_its_curvature():
     a, b = 3.0 + n_data / 2, 2.0 + float(jnp.sum(z**2)) / 2
     np.testing.assert_allclose(mode.params["v"], b / a, rtol=1e-4)
     np.testing.assert_allclose(mode.hessian_diag["v"], a, rtol=1e-3)
+
+
+def test_full_batch_scores_on_an_improper_ordered_site():
+    """ImproperUniform sites cannot be sampled to trace the model; their score is
+    still the unconstrained one (ordered transform: x_0 = z_0, x_i = x_{i-1} +
+    exp(z_i), log-Jacobian sum z_{1:})."""
+    y = random.normal(random.key(4), (30,))
+
+    def model(y):
+        mu = numpyro.sample(
+            "mu", dist.ImproperUniform(dist.constraints.ordered_vector, (), (3,))
+        )
+        numpyro.factor("mu_prior", dist.Normal(0.0, 10.0).log_prob(mu).sum())
+        with numpyro.plate("data", y.shape[0], subsample_size=5) as idx:
+            numpyro.sample("y", dist.Normal(mu.sum(), 1.0), obs=y[idx])
+
+    def log_density(z):
+        mu = z[0] + jnp.concatenate([jnp.zeros(1), jnp.cumsum(jnp.exp(z[1:]))])
+        return (
+            dist.Normal(0.0, 10.0).log_prob(mu).sum()
+            + z[1:].sum()
+            + dist.Normal(mu.sum(), 1.0).log_prob(y).sum()
+        )
+
+    mu = jnp.array([[-1.0, 0.5, 2.0], [0.0, 0.1, 0.3]])
+    z, s = full_batch_scores(model, {"mu": mu}, y)
+    z_expected = jnp.concatenate([mu[:, :1], jnp.log(jnp.diff(mu, axis=1))], axis=1)
+    np.testing.assert_allclose(z["mu"], z_expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        s["mu"], jax.vmap(jax.grad(log_density))(z_expected), rtol=1e-4, atol=1e-4
+    )
