@@ -74,9 +74,10 @@ def nogin_damp(
         \qquad c = \frac{\beta h^2}{4},
 
     without forming an inverse. As :math:`(1-\lambda^2) + (1+\lambda^2) = 2`, the
-    update is :math:`2x - p` with :math:`x = ((1+\lambda^2)I + c\Sigma M^{-1})^{-1}p`:
-    in strongly damped directions x is small and its rounding error stays small,
-    where multiplying it by :math:`c\Sigma M^{-1}` would amplify it.
+    diag and lowrank forms compute it as :math:`2x - p` with
+    :math:`x = ((1+\lambda^2)I + c\Sigma M^{-1})^{-1}p`: in strongly damped
+    directions x is small and its rounding error stays small, where multiplying it
+    by :math:`c\Sigma M^{-1}` would amplify it.
 
     The paper's Algorithm 2 (and SPEC.md, which copies it) writes
     :math:`\frac{h^2}{4\beta} M\Sigma`: dimensionally inconsistent, and equal to
@@ -92,12 +93,22 @@ def nogin_damp(
     ``noise`` describes :math:`\Sigma`, the covariance of the noisy force:
 
     - ``"diag"``: its diagonal, shape ``(d,)``; O(d).
-    - ``"full"``: the matrix, shape ``(d, d)``; one linear solve, O(d^3).
+    - ``"full"``: the matrix, shape ``(d, d)``; O(d^3). With :math:`R = M^{-1/2}`,
+      :math:`\Sigma M^{-1} = R^{-1} S R` for the symmetric
+      :math:`S = R\Sigma R = V\operatorname{diag}(s)V^\top`, so one symmetric
+      eigendecomposition gives the update,
+      :math:`R^{-1}V\operatorname{diag}\big(\tfrac{1-\lambda^2-cs}{1+\lambda^2+cs}
+      \big)V^\top R\,p`, and the largest eigenvalue, with no inverse formed.
     - ``"lowrank"``: a factor C of shape ``(d, k)`` with :math:`\Sigma = CC^\top`
       (k = the minibatch size for the per-datum estimate). With
       :math:`D = M^{-1}C`, the Woodbury identity gives
       :math:`(aI + cCD^\top)^{-1} p = \big(p - cC(aI_k + cD^\top C)^{-1}D^\top
-      p\big)/a`, in O(d k^2 + k^3) and never a d x d matrix.
+      p\big)/a`, the k x k inverse through the eigendecomposition of
+      :math:`D^\top C`: O(d k^2 + k^3) and never a d x d matrix.
+
+    Each form uses a single LAPACK decomposition per step: with a linear solve and
+    a separate eigenvalue routine in one step, XLA on the CPU (jaxlib 0.10, two
+    cores) deadlocked under ``chain_method="vectorized"``.
 
     :param p: momentum, shape ``(d,)``.
     :param noise: :math:`\Sigma` in the form ``covariance`` names.
@@ -126,21 +137,21 @@ def nogin_damp(
         a = c * noise * inv_mass
         return (2.0 - a_plus - a) / (a_plus + a) * p, jnp.max(a)
     if covariance == "full":
-        s_minv = noise * inv_mass[None, :]  # Sigma M^-1
-        x = jnp.linalg.solve(a_plus * jnp.eye(d, dtype=p.dtype) + c * s_minv, p)
-        # Sigma M^-1 is similar to the symmetric M^-1/2 Sigma M^-1/2.
+        # Sigma M^-1 = R^-1 S R with R = M^-1/2 and S = R Sigma R symmetric.
         root = jnp.sqrt(inv_mass)
-        top = jnp.linalg.eigvalsh(root[:, None] * noise * root[None, :])[-1]
-        return 2.0 * x - p, c * top
+        eigvals, eigvecs = jnp.linalg.eigh(root[:, None] * noise * root[None, :])
+        a = c * eigvals
+        factor = (2.0 - a_plus - a) / (a_plus + a)
+        return (eigvecs @ (factor * (eigvecs.T @ (root * p)))) / root, a[-1]
     # lowrank: Sigma M^-1 = C D^T with D = M^-1 C.
     dm = inv_mass[:, None] * noise  # (d, k)
-    k = noise.shape[1]
-    gram = noise.T @ dm  # C^T M^-1 C, (k, k), symmetric
-    small = a_plus * jnp.eye(k, dtype=p.dtype) + c * gram
-    x = (p - c * noise @ jnp.linalg.solve(small, dm.T @ p)) / a_plus
-    # Nonzero eigenvalues of C D^T are those of D^T C.
-    top = jnp.linalg.eigvalsh(gram)[-1] if k else jnp.zeros((), p.dtype)
-    return 2.0 * x - p, c * top
+    if noise.shape[1] == 0:
+        return (2.0 - a_plus) / a_plus * p, jnp.zeros((), p.dtype)
+    # C^T M^-1 C = U diag(g) U^T, (k, k); the nonzero eigenvalues of C D^T are g.
+    g, u = jnp.linalg.eigh(noise.T @ dm)
+    small_inv_dtp = u @ ((u.T @ (dm.T @ p)) / (a_plus + c * g))
+    x = (p - c * noise @ small_inv_dtp) / a_plus
+    return 2.0 * x - p, c * g[-1]
 
 
 def nogin_kick(
