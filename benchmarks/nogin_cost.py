@@ -15,6 +15,10 @@ removes compile time.
 SGLD vanilla needs one minibatch gradient per step; SGLD corrected and NOGIN also
 need the n per-datum gradients (for the noise sd, resp. the covariance), so the
 "corrected" row separates their cost from that of NOGIN's O-step.
+
+On the 2-core development machine (CPU, jax 0.10.2), defaults: SGLD vanilla
+0.053 ms a step; SGLD corrected 2.7x that, NOGIN diag 3.4x, lowrank 20x, full
+690x (36.8 ms: the 1000 x 1000 covariance and its eigendecomposition).
 """
 
 import argparse

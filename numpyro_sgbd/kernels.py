@@ -871,8 +871,9 @@ def _warn_stall(i, damping):
         "buy more effective draws per data pass. Increase subsample_size (the noise "
         "variance falls like 1/n) or otherwise reduce the gradient noise. Far from "
         "the posterior the noise is larger still and can freeze the chain: start "
-        "NOGIN near the posterior (init_params from an optimiser or a short SGBD "
-        "run). See state.noise_damping / sample_stats.",
+        "NOGIN near the posterior (init_to_value(values=posterior_mode(model, "
+        "*args).params), or init_params from a short SGBD run). See "
+        "state.noise_damping / sample_stats.",
         UserWarning,
         stacklevel=2,
     )
@@ -922,8 +923,9 @@ class NOGIN(_SGKernel):
       Woodbury identity in :math:`O(dn^2 + n^3)` and never forms a d x d matrix. Exact
       for the minibatch estimate; the choice for d > n (regressions on many features,
       neural networks, matrix factorisation) and for any d when n is small.
-    - ``"full"``: the d x d matrix, one linear solve per step, :math:`O(d^2 n + d^3)`.
-      Same result as ``"lowrank"``; cheaper only when d is small and n > d.
+    - ``"full"``: the d x d matrix and one symmetric eigendecomposition per step,
+      :math:`O(d^2 n + d^3)`. Same result as ``"lowrank"``; cheaper only when d is
+      small and n > d.
     - ``"diag"``: only the diagonal, :math:`O(dn)`: the cheap approximation that
       drops the correlations of the noise between coordinates (biased where they
       matter, e.g. correlated features).
