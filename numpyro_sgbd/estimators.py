@@ -16,8 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.handlers import substitute
 from numpyro.infer.util import _unconstrain_reparam, log_density
+from numpyro.primitives import Messenger
 
 __all__ = [
+    "ControlVariateEstimator",
     "CustomEstimator",
     "GradientEstimate",
     "MinibatchEstimator",
@@ -113,6 +115,21 @@ def noise_variance_factor(size, subsample_size, *, replace=False):
     """
     n = subsample_size
     return float(n) if replace else n * (1.0 - n / size)
+
+
+class _fix_plates(Messenger):
+    """Give each plate named in ``indices`` those indices: the plate's scale is then
+    N / len(indices), whatever its ``subsample_size``."""
+
+    def __init__(self, fn, indices):
+        self.indices = indices
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "plate" and msg["name"] in self.indices:
+            idx = self.indices[msg["name"]]
+            msg["value"] = idx
+            msg["args"] = (msg["args"][0], jnp.shape(idx)[0])
 
 
 def _finite_tree(tree):
@@ -220,14 +237,20 @@ class MinibatchEstimator:
             for key, (name, (size, n, _)) in zip(keys, self.plates.items())
         }
 
-    def _terms(self, z, indices, model_args, model_kwargs):
-        """(potential estimate, scaled per-datum log-likelihood terms h_i)."""
-        model = substitute(self.model, data=indices)
+    def _terms(self, z, indices, model_args, model_kwargs, per_datum=None):
+        """(potential estimate, scaled per-datum log-likelihood terms h_i).
+
+        ``indices`` fixes every subsample plate (``{name: indices}``); an index
+        array of any length m gives its plate the scale N / m.
+        """
+        model = _fix_plates(self.model, indices)
         model = substitute(model, substitute_fn=partial(_unconstrain_reparam, z))
         log_joint, trace = log_density(model, model_args, model_kwargs, {})
-        if not self.noise or not self.plates:
+        per_datum = self.noise if per_datum is None else per_datum
+        if not per_datum or not self.plates:
             return -log_joint, None
-        ((name, (_, n, _)),) = self.plates.items()
+        ((name, (_, _, _)),) = self.plates.items()
+        n = jnp.shape(indices[name])[0]
         per_datum = jnp.zeros((n,))
         for site in trace.values():
             if site["type"] != "sample" or not site["is_observed"]:
@@ -255,19 +278,22 @@ class MinibatchEstimator:
         # as JAX arrays they can, and jit embeds them as it would anyway.
         model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
         indices = self.draw(rng_key)
+        value, grad, per_datum_grads = self._at(z, indices, model_args, model_kwargs)
+        return self._estimate(value, grad, per_datum_grads)
+
+    def _at(self, z, indices, model_args, model_kwargs):
+        """(potential, its gradient, per-datum gradients or None) at ``z`` on the
+        minibatch ``indices``."""
         fn = partial(
             self._terms,
             indices=indices,
             model_args=model_args,
             model_kwargs=model_kwargs,
         )
-        if not self.noise:
+        if not self.noise or not self.plates:
             value, grad = jax.value_and_grad(lambda z: fn(z)[0])(z)
-            return GradientEstimate(grad, None, value)
-        if not self.plates:
-            value, grad = jax.value_and_grad(lambda z: fn(z)[0])(z)
-            return GradientEstimate(grad, jax.tree.map(jnp.zeros_like, grad), value)
-        ((size, n, _),) = self.plates.values()
+            return value, grad, None
+        ((_, n, _),) = self.plates.values()
 
         def with_value(z):
             out = fn(z)
@@ -276,6 +302,16 @@ class MinibatchEstimator:
         # One Jacobian of (potential, h_1..h_n): d forward passes or n + 1 reverse.
         jac = jax.jacfwd if _flat_size(z) <= n else jax.jacrev
         (grad, per_datum_grads), value = jac(with_value, has_aux=True)(z)
+        return value, grad, per_datum_grads
+
+    def _estimate(self, value, grad, per_datum_grads):
+        """The :class:`GradientEstimate`, with the noise statistics of the n
+        per-datum gradients (rows of ``per_datum_grads``) where asked for."""
+        if not self.noise:
+            return GradientEstimate(grad, None, value)
+        if not self.plates:
+            return GradientEstimate(grad, jax.tree.map(jnp.zeros_like, grad), value)
+        ((size, n, _),) = self.plates.values()
         factor = noise_variance_factor(size, n, replace=self.replace)
         noise_sd = jax.tree.map(
             lambda g: jnp.sqrt(factor * jnp.var(g, axis=0, ddof=1)), per_datum_grads
@@ -292,3 +328,114 @@ class MinibatchEstimator:
             if self.covariance == "full":
                 cov = cov @ cov.T
         return GradientEstimate(grad, noise_sd, value, cov)
+
+    def full_data(self, z, model_args=(), model_kwargs=None, *, chunk_size=4096):
+        """The exact full-data potential and its gradient at ``z``, summed over the
+        data in chunks of ``chunk_size`` rows: memory O(chunk_size x d), never
+        O(N x d). Needs exactly one subsample plate.
+
+        :return: ``(U(z), grad U(z))``.
+        """
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+        ((name, (size, _, _)),) = self.plates.items()
+        c = int(min(chunk_size, size))
+        num_chunks = -(-size // c)
+
+        def parts(z, start):
+            idx = start + jnp.arange(c)
+            mask = idx < size
+            idx = jnp.minimum(idx, size - 1)  # the last chunk is padded
+            value, h = self._terms(
+                z, {name: idx}, model_args, model_kwargs, per_datum=True
+            )
+            # h_i = (N / c) log p(y_i | z): the prior, Jacobian and any data outside
+            # the plate are value + sum(h); the chunk's log-likelihood sum(h) c / N.
+            rest = value + jnp.sum(h)
+            loglik = jnp.sum(jnp.where(mask, h, 0.0)) * (c / size)
+            return rest, loglik
+
+        rest_and_grad = jax.value_and_grad(lambda z: parts(z, 0)[0])
+        loglik_and_grad = jax.value_and_grad(lambda z, start: parts(z, start)[1])
+
+        @jax.jit
+        def run(z):
+            def body(carry, start):
+                value, grad = loglik_and_grad(z, start)
+                return jax.tree.map(jnp.add, carry, (value, grad)), None
+
+            zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, z))
+            starts = jnp.arange(num_chunks) * c
+            (loglik, loglik_grad), _ = jax.lax.scan(body, zero, starts)
+            rest, rest_grad = rest_and_grad(z)
+            return rest - loglik, jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
+
+        return run(z)
+
+
+class ControlVariateEstimator(MinibatchEstimator):
+    r"""Minibatch gradient with control variates around a centre :math:`\hat z`.
+
+    .. math::
+
+        \hat g(z) = \nabla U(\hat z) + \nabla\hat U_S(z) - \nabla\hat U_S(\hat z),
+
+    :math:`\hat U_S` the minibatch potential of :class:`MinibatchEstimator` on the
+    indices S drawn for this step and :math:`U` the full-data potential (tuning
+    paper, Coullon, South & Nemeth, App. D.3; SPEC.md). The prior and Jacobian
+    terms of the two minibatch potentials cancel at :math:`\hat z` and are exact at
+    z; the likelihood part is
+    :math:`\frac{N}{n}\sum_{i\in S}[\nabla\ell_i(z) - \nabla\ell_i(\hat z)]` around
+    the exact full-data gradient at the centre, so the estimate is unbiased and its
+    noise vanishes as z approaches :math:`\hat z`. Noise statistics (sd and
+    covariance) come from the per-datum differences
+    :math:`\nabla\ell_i(z) - \nabla\ell_i(\hat z)`. The potential estimate is
+    :math:`U(\hat z) + \hat U_S(z) - \hat U_S(\hat z)`. A step costs two minibatch
+    gradients (with per-datum Jacobians where the noise is needed).
+
+    :param model, plates, noise, replace, covariance: as
+        :class:`MinibatchEstimator` (exactly one subsample plate).
+    :param centre: :math:`\hat z`, unconstrained values by site.
+    :param centre_potential: :math:`U(\hat z)`, the full-data potential.
+    :param centre_grad: :math:`\nabla U(\hat z)`, like ``centre``.
+    """
+
+    def __init__(
+        self,
+        model,
+        plates,
+        centre,
+        centre_potential,
+        centre_grad,
+        *,
+        noise=False,
+        replace=False,
+        covariance=None,
+    ):
+        if len(plates) != 1:
+            raise ValueError(
+                "Control-variate gradients need exactly one subsample plate; the "
+                f"model subsamples {sorted(plates) or 'none'}."
+            )
+        super().__init__(
+            model, plates, noise=noise, replace=replace, covariance=covariance
+        )
+        self.centre = centre
+        self.centre_potential = centre_potential
+        self.centre_grad = centre_grad
+
+    def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+        indices = self.draw(rng_key)
+        value, grad, per_datum = self._at(z, indices, model_args, model_kwargs)
+        value_c, grad_c, per_datum_c = self._at(
+            self.centre, indices, model_args, model_kwargs
+        )
+        grad = jax.tree.map(
+            lambda g, gc, g0: g - gc + g0, grad, grad_c, self.centre_grad
+        )
+        value = value - value_c + self.centre_potential
+        if per_datum is not None:
+            per_datum = jax.tree.map(jnp.subtract, per_datum, per_datum_c)
+        return self._estimate(value, grad, per_datum)
