@@ -336,6 +336,11 @@ class MinibatchEstimator:
 
         :return: ``(U(z), grad U(z))``.
         """
+        return self.full_data_fn(model_args, model_kwargs, chunk_size=chunk_size)(z)
+
+    def full_data_fn(self, model_args=(), model_kwargs=None, *, chunk_size=4096):
+        """:meth:`full_data` as a jitted function of z, compiled once for these
+        model arguments (for an optimiser's repeated calls)."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
         model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
         ((name, (size, _, _)),) = self.plates.items()
@@ -370,7 +375,7 @@ class MinibatchEstimator:
             rest, rest_grad = rest_and_grad(z)
             return rest - loglik, jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
 
-        return run(z)
+        return run
 
 
 class ControlVariateEstimator(MinibatchEstimator):

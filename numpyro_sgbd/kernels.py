@@ -2,6 +2,7 @@
 
 from collections import namedtuple
 from functools import partial
+import time
 import warnings
 
 import jax
@@ -11,13 +12,18 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
-from numpyro.infer.initialization import init_to_sample, init_to_uniform
+from numpyro.infer.initialization import (
+    init_to_median,
+    init_to_sample,
+    init_to_uniform,
+)
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import constrain_fn, initialize_model
 from numpyro.primitives import Messenger
 from numpyro.util import identity, is_prng_key
 
 from numpyro_sgbd.estimators import (
+    ControlVariateEstimator,
     CustomEstimator,
     MinibatchEstimator,
     PotentialEstimator,
@@ -183,6 +189,131 @@ def _finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
+#: Gradient estimators of the SG kernels' ``gradient`` argument.
+GRADIENTS = ("minibatch", "control_variates")
+
+
+def _args_key(model_args, model_kwargs):
+    """Identity of the model arguments, for caching what was computed from them."""
+    leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
+    return treedef, tuple(
+        id(x) if isinstance(x, (np.ndarray, jax.Array)) else x for x in leaves
+    )
+
+
+def _unconstrained_centre(centre, trace, shapes):
+    """A user's centre (constrained values by site) on the unconstrained scale,
+    checked against the model's latent sites."""
+    missing = sorted(set(shapes) - set(centre))
+    extra = sorted(set(centre) - set(shapes))
+    if missing or extra:
+        raise ValueError(
+            "centre must give a value for every latent site "
+            f"{sorted(shapes)}: missing {missing}, unknown {extra}."
+        )
+    out = {}
+    for name, value in centre.items():
+        support = trace[name]["fn"].support
+        value = jnp.asarray(value, dtype=jnp.result_type(float))
+        want = jnp.shape(trace[name]["value"])
+        if jnp.shape(value) != want:
+            raise ValueError(
+                f"centre['{name}'] has shape {jnp.shape(value)}; the site's value has "
+                f"shape {want}."
+            )
+        if not bool(jnp.all(jnp.isfinite(value))):
+            raise ValueError(f"centre['{name}'] = {value} is not finite.")
+        if not bool(jnp.all(support(value))):
+            raise ValueError(
+                f"centre['{name}'] = {value} is outside the site's support "
+                f"{support}; give constrained values."
+            )
+        z = biject_to(support).inv(value)
+        if not bool(jnp.all(jnp.isfinite(z))):
+            raise ValueError(
+                f"centre['{name}'] = {value} is not finite on the unconstrained scale."
+            )
+        out[name] = z
+    return out
+
+
+def _search_centre(full, model, model_args, model_kwargs, max_iter=500):
+    """The full-data mode by BFGS (``jax.scipy.optimize``) on the chunked potential
+    ``full``, from ``init_to_median``; returns ``(centre, info)``, warns if it did
+    not converge and raises if it diverged. Prints a one-line report."""
+    start = time.perf_counter()
+    info = initialize_model(
+        random.key(0),
+        model,
+        model_args=model_args,
+        model_kwargs=model_kwargs,
+        init_strategy=init_to_median,
+    )
+    z0, unravel = ravel_pytree(info.param_info.z)
+
+    @jax.custom_vjp
+    def potential(x):
+        return full(unravel(x))[0]
+
+    def fwd(x):
+        value, grad = full(unravel(x))
+        return value, ravel_pytree(grad)[0]
+
+    potential.defvjp(fwd, lambda g, t: (t * g,))
+    result = jax.scipy.optimize.minimize(
+        potential, z0, method="BFGS", options={"maxiter": max_iter}
+    )
+    x = result.x
+    value, grad = full(unravel(x))
+    flat_grad = ravel_pytree(grad)[0]
+    grad_norm = float(jnp.max(jnp.abs(flat_grad)))
+    # Squared Newton decrement g' H^-1 g with BFGS's inverse Hessian: about the
+    # squared distance to the mode in posterior sds. In float32 the gradient of a
+    # large-N potential never meets an absolute tolerance; this scale-free test
+    # does.
+    decrement = float(flat_grad @ result.hess_inv @ flat_grad)
+    seconds = time.perf_counter() - start
+    report = {
+        "centre": unravel(x),
+        "source": "BFGS",
+        "iterations": int(result.nit),
+        "potential": float(value),
+        "max_abs_grad": grad_norm,
+        "newton_decrement": decrement,
+        "converged": bool(result.success) or 0 <= decrement < 1e-2,
+        "seconds": seconds,
+    }
+    print(
+        f"control variates: centre by BFGS on the full-data potential, "
+        f"{report['iterations']} iterations, U = {report['potential']:.6g}, "
+        f"max |grad U| = {grad_norm:.3g}, g'H^-1g = {decrement:.2g}, {seconds:.1f} s"
+    )
+    if not (np.isfinite(report["potential"]) and np.isfinite(decrement)):
+        raise ValueError(
+            "The mode search for the control variates' centre diverged (non-finite "
+            "potential or gradient). Pass centre={site: value} (e.g. "
+            "posterior_mode(model, *args).params), or check the model's priors."
+        )
+    if not report["converged"] and not decrement < 1:
+        raise ValueError(
+            "The mode search for the control variates' centre stopped after "
+            f"{report['iterations']} BFGS iterations far from any mode (g'H^-1g = "
+            f"{decrement:.3g}, max |grad U| = {grad_norm:.3g}): the posterior may "
+            "have no mode (an improper prior?). Pass centre={site: value}."
+        )
+    if not report["converged"]:
+        warnings.warn(
+            f"The mode search for the control variates' centre stopped after "
+            f"{report['iterations']} BFGS iterations without converging (max "
+            f"|grad U| = {grad_norm:.3g}). The estimate stays unbiased, but its "
+            "noise is larger away from the mode; pass centre={site: value} for a "
+            "better one.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return unravel(x), report
+
+
 class _SGKernel(MCMCKernel):
     """The one adapter from NumPyro models (or potentials, or noisy gradients) to the
     pure update rules. Subclasses set ``_update``."""
@@ -199,6 +330,9 @@ class _SGKernel(MCMCKernel):
         replace=False,
         init_strategy=init_to_uniform,
         log_likelihood_size=None,
+        gradient="minibatch",
+        centre=None,
+        chunk_size=4096,
     ):
         sources = [s for s in (model, potential_fn, gradient_fn) if s is not None]
         if len(sources) != 1:
@@ -220,6 +354,34 @@ class _SGKernel(MCMCKernel):
                 "log_likelihood_size must be a positive int, "
                 f"got {log_likelihood_size!r}."
             )
+        if gradient not in GRADIENTS:
+            raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}.")
+        if gradient == "control_variates" and model is None:
+            raise ValueError(
+                "gradient='control_variates' needs a model (its per-datum terms and "
+                "full-data gradient); with potential_fn or gradient_fn build the "
+                "control variates into the function you pass."
+            )
+        if centre is not None and gradient != "control_variates":
+            raise ValueError(
+                "centre is the control variates' centre: pass "
+                "gradient='control_variates' with it."
+            )
+        if centre is not None and not isinstance(centre, dict):
+            raise ValueError(
+                "centre must be a dict {site: constrained value} (as "
+                f"mcmc.get_samples() or posterior_mode(...).params give), got "
+                f"{type(centre).__name__}."
+            )
+        if not (isinstance(chunk_size, int) and chunk_size > 0):
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+        self._gradient = gradient
+        self._centre_arg = centre
+        self._chunk_size = chunk_size
+        self._centre_cache = None
+        #: After ``init`` with ``gradient="control_variates"``: the centre
+        #: (unconstrained, by site), how it was found, and the search's report.
+        self.centre_info = None
         self._model = model
         self._potential_fn = potential_fn
         self._gradient_fn = gradient_fn
@@ -345,6 +507,10 @@ class _SGKernel(MCMCKernel):
             covariance=None if noise_form in (None, "sd") else noise_form,
             replace=self._replace,
         )
+        if self._gradient == "control_variates":
+            self._estimator = self._control_variates(
+                trace, shapes, model_args, model_kwargs
+            )
         keys = random.split(random.key(0), max(len(plates), 1))
         self.log_likelihood_indices = {
             name: draw_indices(
@@ -352,6 +518,49 @@ class _SGKernel(MCMCKernel):
             )
             for key, (name, (size, n)) in zip(keys, plates.items())
         }
+
+    def _control_variates(self, trace, shapes, model_args, model_kwargs):
+        """The control-variate estimator: the centre (given or searched), and the
+        full-data potential and gradient there, computed once in chunks."""
+        plain = self._estimator
+        if len(self._plates) != 1:
+            raise ValueError(
+                "gradient='control_variates' needs exactly one subsample plate; the "
+                f"model subsamples {sorted(self._plates) or 'none'}."
+            )
+        key = _args_key(model_args, model_kwargs)
+        cached = self._centre_cache
+        if cached is not None and cached[0] == key:
+            centre, potential, grad = cached[1]
+        else:
+            full = plain.full_data_fn(
+                model_args, model_kwargs, chunk_size=self._chunk_size
+            )
+            if self._centre_arg is not None:
+                centre = _unconstrained_centre(self._centre_arg, trace, shapes)
+                start = time.perf_counter()
+                potential, grad = full(centre)
+                self.centre_info = {
+                    "centre": centre,
+                    "source": "given",
+                    "seconds": time.perf_counter() - start,
+                }
+            else:
+                centre, self.centre_info = _search_centre(
+                    full, self._model, model_args, model_kwargs
+                )
+                potential, grad = full(centre)
+            self._centre_cache = (key, (centre, potential, grad))
+        return ControlVariateEstimator(
+            self._model,
+            self._plates,
+            centre,
+            potential,
+            grad,
+            noise=plain.noise,
+            covariance=plain.covariance,
+            replace=self._replace,
+        )
 
     def _initial_params(self, rng_key, init_params, model_args, model_kwargs):
         if self._model is None:
@@ -504,6 +713,7 @@ class _SGKernel(MCMCKernel):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_sample_fn"] = None
+        state["_centre_cache"] = None
         state["_init_fns"] = {}
         return state
 
@@ -721,6 +931,23 @@ class SGBD(_FirstOrderKernel):
     :param int log_likelihood_size: how many data points the ``model`` property (and so
         ArviZ's ``log_likelihood`` and ``observed_data`` groups) evaluates; default the
         subsample size.
+    :param str gradient: ``"minibatch"`` (default), or ``"control_variates"``: the
+        minibatch gradient around a centre :math:`\hat z`,
+        :math:`\nabla U(\hat z) + \nabla\hat U_S(z) - \nabla\hat U_S(\hat z)`
+        (:class:`~numpyro_sgbd.estimators.ControlVariateEstimator`), unbiased, with a
+        noise that vanishes as the chain nears :math:`\hat z`; the noise statistics
+        of the corrected variants then come from the per-datum differences, so
+        corrected SGBD stays within its tolerance on large N. A step costs about two
+        minibatch gradients; the full-data potential and gradient at the centre are
+        computed once, in chunks. Needs a model with one subsample plate.
+    :param dict centre: the control variates' centre, constrained values by site
+        (as ``mcmc.get_samples()`` or :func:`~numpyro_sgbd.posterior_mode` give).
+        Default: the full-data mode, found by BFGS on the chunked full-data
+        potential from ``init_to_median`` (a one-line report is printed; it warns
+        if the search stops near but not at a mode and raises if it ends far from
+        any); the result is in :attr:`centre_info`.
+    :param int chunk_size: data rows per chunk of the full-data computations at the
+        centre (default 4096): memory O(chunk_size x d), whatever N.
 
     **References**
 
@@ -960,6 +1187,11 @@ class NOGIN(_SGKernel):
     :param bool replace: draw minibatch indices with replacement (as :class:`SGBD`).
     :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
     :param int log_likelihood_size: as for :class:`SGBD`.
+    :param str gradient: ``"minibatch"`` or ``"control_variates"``, as for
+        :class:`SGBD` (with control variates, :math:`\Sigma` comes from the
+        per-datum differences).
+    :param dict centre: as for :class:`SGBD`.
+    :param int chunk_size: as for :class:`SGBD`.
 
     **References**
 
