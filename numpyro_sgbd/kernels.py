@@ -194,11 +194,13 @@ GRADIENTS = ("minibatch", "control_variates")
 
 
 def _args_key(model_args, model_kwargs):
-    """Identity of the model arguments, for caching what was computed from them."""
+    """Identity of the model arguments, for caching what was computed from them:
+    the arrays themselves (kept alive by the key, so their ids are not reused) and
+    the other leaves' values."""
     leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
-    return treedef, tuple(
-        id(x) if isinstance(x, (np.ndarray, jax.Array)) else x for x in leaves
-    )
+    arrays = tuple(x for x in leaves if isinstance(x, (np.ndarray, jax.Array)))
+    ids = tuple(id(x) if isinstance(x, (np.ndarray, jax.Array)) else x for x in leaves)
+    return (treedef, ids), arrays
 
 
 def _unconstrained_centre(centre, trace, shapes):
@@ -237,7 +239,7 @@ def _unconstrained_centre(centre, trace, shapes):
     return out
 
 
-def _search_centre(full, model, model_args, model_kwargs, max_iter=500):
+def _search_centre(full, model, model_args, model_kwargs, max_iter=500, max_restarts=5):
     """The full-data mode by BFGS (``jax.scipy.optimize``) on the chunked potential
     ``full``, from ``init_to_median``; returns ``(centre, info)``, warns if it did
     not converge and raises if it diverged. Prints a one-line report."""
@@ -260,27 +262,40 @@ def _search_centre(full, model, model_args, model_kwargs, max_iter=500):
         return value, ravel_pytree(grad)[0]
 
     potential.defvjp(fwd, lambda g, t: (t * g,))
-    result = jax.scipy.optimize.minimize(
-        potential, z0, method="BFGS", options={"maxiter": max_iter}
+    minimize = jax.jit(
+        lambda x: jax.scipy.optimize.minimize(
+            potential, x, method="BFGS", options={"maxiter": max_iter}
+        )
     )
-    x = result.x
-    value, grad = full(unravel(x))
-    flat_grad = ravel_pytree(grad)[0]
+    x, iterations = z0, 0
+    # jax's BFGS line search can stop early (e.g. when the first, unit-Hessian
+    # step is far off scale); a restart from where it stopped, with a fresh
+    # inverse Hessian, usually carries on.
+    for _ in range(max_restarts + 1):
+        result = minimize(x)
+        iterations += int(result.nit)
+        moved = not bool(jnp.all(result.x == x))
+        x = result.x
+        value, grad = full(unravel(x))
+        flat_grad = ravel_pytree(grad)[0]
+        # Squared Newton decrement g' H^-1 g with BFGS's inverse Hessian: about
+        # the squared distance to the mode in posterior sds. In float32 the
+        # gradient of a large-N potential never meets an absolute tolerance; this
+        # scale-free test does.
+        decrement = float(flat_grad @ result.hess_inv @ flat_grad)
+        converged = bool(result.success) or 0 <= decrement < 1e-2
+        if converged or not moved or not np.isfinite(decrement):
+            break
     grad_norm = float(jnp.max(jnp.abs(flat_grad)))
-    # Squared Newton decrement g' H^-1 g with BFGS's inverse Hessian: about the
-    # squared distance to the mode in posterior sds. In float32 the gradient of a
-    # large-N potential never meets an absolute tolerance; this scale-free test
-    # does.
-    decrement = float(flat_grad @ result.hess_inv @ flat_grad)
     seconds = time.perf_counter() - start
     report = {
         "centre": unravel(x),
         "source": "BFGS",
-        "iterations": int(result.nit),
+        "iterations": iterations,
         "potential": float(value),
         "max_abs_grad": grad_norm,
         "newton_decrement": decrement,
-        "converged": bool(result.success) or 0 <= decrement < 1e-2,
+        "converged": converged,
         "seconds": seconds,
     }
     print(
@@ -528,10 +543,10 @@ class _SGKernel(MCMCKernel):
                 "gradient='control_variates' needs exactly one subsample plate; the "
                 f"model subsamples {sorted(self._plates) or 'none'}."
             )
-        key = _args_key(model_args, model_kwargs)
+        key, arrays = _args_key(model_args, model_kwargs)
         cached = self._centre_cache
         if cached is not None and cached[0] == key:
-            centre, potential, grad = cached[1]
+            centre, potential, grad = cached[2]
         else:
             full = plain.full_data_fn(
                 model_args, model_kwargs, chunk_size=self._chunk_size
@@ -550,7 +565,7 @@ class _SGKernel(MCMCKernel):
                     full, self._model, model_args, model_kwargs
                 )
                 potential, grad = full(centre)
-            self._centre_cache = (key, (centre, potential, grad))
+            self._centre_cache = (key, arrays, (centre, potential, grad))
         return ControlVariateEstimator(
             self._model,
             self._plates,

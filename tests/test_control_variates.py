@@ -263,3 +263,20 @@ def test_sgld_and_nogin_with_control_variates_match_the_conjugate_posterior(
     ess = float(effective_sample_size(draws[None]))
     assert abs(draws.mean() - mean) < 4 * sd / np.sqrt(ess), (draws.mean(), ess)
     assert abs(draws.std() / sd - 1) < 0.03 + 4 / np.sqrt(2 * ess), (draws.std(), ess)
+
+
+def test_the_centre_is_searched_once_per_dataset(capsys):
+    from numpyro.infer import MCMC
+
+    from numpyro_sgbd import SGLD
+
+    kernel = SGLD(model, step_size=1e-3, gradient="control_variates")
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=5, progress_bar=False)
+    mcmc.run(random.key(0), X, Y)
+    first = kernel.centre_info["centre"]
+    mcmc.run(random.key(1), X, Y)
+    assert capsys.readouterr().out.count("centre by BFGS") == 1
+    mcmc.run(random.key(0), X, -Y)  # new data: a new centre
+    assert capsys.readouterr().out.count("centre by BFGS") == 1
+    assert not np.allclose(kernel.centre_info["centre"]["w"], first["w"])
+    assert kernel.centre_info["converged"]
