@@ -237,19 +237,20 @@ class MinibatchEstimator:
             for key, (name, (size, n, _)) in zip(keys, self.plates.items())
         }
 
-    def _terms(self, z, indices, model_args, model_kwargs, per_datum=None):
-        """(potential estimate, scaled per-datum log-likelihood terms h_i).
+    def _terms(self, z, indices, model_args, model_kwargs, with_terms=None):
+        """(potential estimate, scaled per-datum log-likelihood terms h_i or None).
 
         ``indices`` fixes every subsample plate (``{name: indices}``); an index
-        array of any length m gives its plate the scale N / m.
+        array of any length m gives its plate the scale N / m. The terms are formed
+        where ``with_terms`` (default: where the noise is estimated).
         """
         model = _fix_plates(self.model, indices)
         model = substitute(model, substitute_fn=partial(_unconstrain_reparam, z))
         log_joint, trace = log_density(model, model_args, model_kwargs, {})
-        per_datum = self.noise if per_datum is None else per_datum
-        if not per_datum or not self.plates:
+        with_terms = self.noise if with_terms is None else with_terms
+        if not with_terms or not self.plates:
             return -log_joint, None
-        ((name, (_, _, _)),) = self.plates.items()
+        ((name, _),) = self.plates.items()
         n = jnp.shape(indices[name])[0]
         per_datum = jnp.zeros((n,))
         for site in trace.values():
@@ -352,7 +353,7 @@ class MinibatchEstimator:
             mask = idx < size
             idx = jnp.minimum(idx, size - 1)  # the last chunk is padded
             value, h = self._terms(
-                z, {name: idx}, model_args, model_kwargs, per_datum=True
+                z, {name: idx}, model_args, model_kwargs, with_terms=True
             )
             # h_i = (N / c) log p(y_i | z): the prior, Jacobian and any data outside
             # the plate are value + sum(h); the chunk's log-likelihood sum(h) c / N.
