@@ -3,7 +3,7 @@
 from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
 from numpyro_sgbd.diagnostics import ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
-from numpyro_sgbd.kernels import NOGIN, SGBD, SGLD, NOGINState, SGState
+from numpyro_sgbd.kernels import NOGIN, SGBD, SGLD, Centre, NOGINState, SGState
 from numpyro_sgbd.reference import (
     PosteriorMode,
     full_batch,
@@ -21,6 +21,7 @@ __all__ = [
     "SGLD",
     "GradientEstimate",
     "SGState",
+    "Centre",
     "Comparison",
     "compare",
     "full_batch",

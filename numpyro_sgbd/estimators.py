@@ -431,17 +431,23 @@ class ControlVariateEstimator(MinibatchEstimator):
         self.centre_grad = centre_grad
 
     def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
+        centre = (self.centre, self.centre_potential, self.centre_grad)
+        return self.around(rng_key, z, centre, model_args, model_kwargs)
+
+    def around(self, rng_key, z, centre, model_args=(), model_kwargs=None):
+        """The estimate at ``z`` around another centre: ``centre`` is
+        ``(z_hat, U(z_hat), grad U(z_hat))`` (the kernels' re-centring keeps it in
+        their state)."""
+        centre, centre_potential, centre_grad = centre
         model_kwargs = {} if model_kwargs is None else model_kwargs
         model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
         indices = self.draw(rng_key)
         value, grad, per_datum = self._at(z, indices, model_args, model_kwargs)
         value_c, grad_c, per_datum_c = self._at(
-            self.centre, indices, model_args, model_kwargs
+            centre, indices, model_args, model_kwargs
         )
-        grad = jax.tree.map(
-            lambda g, gc, g0: g - gc + g0, grad, grad_c, self.centre_grad
-        )
-        value = value - value_c + self.centre_potential
+        grad = jax.tree.map(lambda g, gc, g0: g - gc + g0, grad, grad_c, centre_grad)
+        value = value - value_c + centre_potential
         if per_datum is not None:
             per_datum = jax.tree.map(jnp.subtract, per_datum, per_datum_c)
         return self._estimate(value, grad, per_datum)

@@ -40,7 +40,7 @@ from numpyro_sgbd.updates import (
 )
 from numpyro_sgbd.updates.barker import INCREMENTS
 
-__all__ = ["NOGIN", "NOGINState", "SGBD", "SGLD", "SGState"]
+__all__ = ["Centre", "NOGIN", "NOGINState", "SGBD", "SGLD", "SGState"]
 
 SGState = namedtuple(
     "SGState",
@@ -53,6 +53,7 @@ SGState = namedtuple(
         "mean_noise_sd",
         "tolerance_exceeded",
         "num_nonfinite",
+        "centre",
         "rng_key",
     ],
 )
@@ -81,7 +82,21 @@ four sampler statistics ``potential_energy_estimate``, ``mean_noise_sd``,
    :math:`\\hat\\tau\\sigma \\ge 2` for SGLD (NaN where the noise is not estimated).
  - **num_nonfinite** - number of steps refused because they produced a non-finite
    value. Once it is positive the chain has stopped where it was.
+ - **centre** - with ``gradient="control_variates"`` and ``recentre_every``, the
+   control variates' current centre (a :class:`Centre`); ``None`` otherwise.
  - **rng_key** - random key.
+"""
+
+Centre = namedtuple("Centre", ["z", "potential", "grad", "z_sum"])
+Centre.__doc__ = """
+The control variates' centre as the kernels keep it in their state when they
+re-centre during warmup (``recentre_every``).
+
+ - **z** - the centre :math:`\\hat z`, unconstrained, like the state's ``z``.
+ - **potential** - the full-data potential :math:`U(\\hat z)`.
+ - **grad** - the full-data gradient :math:`\\nabla U(\\hat z)`.
+ - **z_sum** - the sum of the positions since the last re-centring; the next
+   centre is their mean.
 """
 
 
@@ -348,6 +363,7 @@ class _SGKernel(MCMCKernel):
         gradient="minibatch",
         centre=None,
         chunk_size=4096,
+        recentre_every=None,
     ):
         sources = [s for s in (model, potential_fn, gradient_fn) if s is not None]
         if len(sources) != 1:
@@ -390,11 +406,29 @@ class _SGKernel(MCMCKernel):
             )
         if not (isinstance(chunk_size, int) and chunk_size > 0):
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+        if recentre_every is not None:
+            if gradient != "control_variates":
+                raise ValueError(
+                    "recentre_every moves the control variates' centre: pass "
+                    "gradient='control_variates' with it."
+                )
+            if not (
+                isinstance(recentre_every, (int, np.integer))
+                and not isinstance(recentre_every, bool)
+                and recentre_every > 0
+            ):
+                raise ValueError(
+                    "recentre_every must be a positive int (warmup steps between "
+                    f"re-centrings), got {recentre_every!r}."
+                )
+            recentre_every = int(recentre_every)
+        self._recentre_every = recentre_every
+        self._batched = False
         self._gradient = gradient
         self._centre_arg = centre
         self._chunk_size = chunk_size
         self._centre_cache = None
-        #: After ``init`` with ``gradient="control_variates"``: the centre
+        #: After ``init`` with ``gradient="control_variates"``: the first centre
         #: (unconstrained, by site), how it was found, and the search's report.
         self.centre_info = None
         self._model = model
@@ -543,6 +577,29 @@ class _SGKernel(MCMCKernel):
                 "gradient='control_variates' needs exactly one subsample plate; the "
                 f"model subsamples {sorted(self._plates) or 'none'}."
             )
+        if self._centre_arg is None and self._recentre_every is not None:
+            # Re-centring from each chain's initial position: no search; the
+            # centres live in the state.
+            self.centre_info = {"centre": None, "source": "initial position"}
+            centre = potential = grad = None
+        else:
+            centre, potential, grad = self._fixed_centre(
+                plain, trace, shapes, model_args, model_kwargs
+            )
+        return ControlVariateEstimator(
+            self._model,
+            self._plates,
+            centre,
+            potential,
+            grad,
+            noise=plain.noise,
+            covariance=plain.covariance,
+            replace=self._replace,
+        )
+
+    def _fixed_centre(self, plain, trace, shapes, model_args, model_kwargs):
+        """The given or searched centre with the full-data potential and gradient
+        there, cached per dataset."""
         key, arrays = _args_key(model_args, model_kwargs)
         cached = self._centre_cache
         if cached is not None and cached[0] == key:
@@ -566,16 +623,67 @@ class _SGKernel(MCMCKernel):
                 )
                 potential, grad = full(centre)
             self._centre_cache = (key, arrays, (centre, potential, grad))
-        return ControlVariateEstimator(
-            self._model,
-            self._plates,
-            centre,
-            potential,
-            grad,
-            noise=plain.noise,
-            covariance=plain.covariance,
-            replace=self._replace,
+        return centre, potential, grad
+
+    # ------------------------------------------------------------- re-centring
+    def _initial_centre(self, z, model_args, model_kwargs):
+        """The state's :class:`Centre` at the start: ``None`` unless re-centring;
+        the given or searched centre, else the chain's initial position."""
+        if self._recentre_every is None:
+            return None
+        estimator = self._estimator
+        if estimator.centre is None:
+            centre = z
+            potential, grad = estimator.full_data(
+                z, model_args, model_kwargs, chunk_size=self._chunk_size
+            )
+        else:
+            centre = estimator.centre
+            potential, grad = estimator.centre_potential, estimator.centre_grad
+        potential = jnp.asarray(potential, jnp.result_type(float))
+        return Centre(centre, potential, grad, jax.tree.map(jnp.zeros_like, z))
+
+    def _estimate(self, rng_key, z, model_args, model_kwargs, centre):
+        """The gradient estimate at ``z``, around the state's centre if it has one."""
+        if centre is None:
+            return self._estimator(rng_key, z, model_args, model_kwargs)
+        return self._estimator.around(
+            rng_key,
+            z,
+            (centre.z, centre.potential, centre.grad),
+            model_args,
+            model_kwargs,
         )
+
+    def _recentre(self, state, model_args, model_kwargs):
+        """Add ``state.z`` to the window's sum; every ``recentre_every`` warmup
+        steps move the centre to the window's mean, with the full-data potential
+        and gradient there (in chunks). A non-finite result keeps the old centre.
+        Vectorized chains share ``i``, so the O(N) branch runs only when due."""
+        every = self._recentre_every
+        z_sum = jax.tree.map(jnp.add, state.centre.z_sum, state.z)
+        i = jnp.ravel(state.i)[0]
+        due = (i % every == 0) & (i <= self._num_warmup)
+
+        def move(centre, z_sum):
+            z = jax.tree.map(lambda x: x / every, z_sum)
+            potential, grad = self._estimator.full_data(
+                z, model_args, model_kwargs, chunk_size=self._chunk_size
+            )
+            zeros = jax.tree.map(jnp.zeros_like, z_sum)
+            new = Centre(z, potential.astype(centre.potential.dtype), grad, zeros)
+            ok = _finite(new)
+            old = centre._replace(z_sum=zeros)
+            return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+        centre = jax.lax.cond(
+            due,
+            jax.vmap(move) if self._batched else move,
+            lambda centre, z_sum: centre._replace(z_sum=z_sum),
+            state.centre,
+            z_sum,
+        )
+        return state._replace(centre=centre)
 
     def _initial_params(self, rng_key, init_params, model_args, model_kwargs):
         if self._model is None:
@@ -628,11 +736,13 @@ class _SGKernel(MCMCKernel):
         if self._model is None and isinstance(one_z, dict):
             shapes = {k: tuple(jnp.shape(v)) for k, v in one_z.items()}
         self._prepare(shapes, one_z)
-        probe = jax.eval_shape(
-            partial(self._estimator, model_args=model_args, model_kwargs=model_kwargs),
-            random.key(0),
-            one_z,
-        )
+        self._batched = batched
+
+        def probe_fn(rng_key, z):
+            centre = self._initial_centre(z, model_args, model_kwargs)
+            return self._estimate(rng_key, z, model_args, model_kwargs, centre)
+
+        probe = jax.eval_shape(probe_fn, random.key(0), one_z)
         if jax.tree.structure(probe.z_grad) != jax.tree.structure(one_z):
             raise ValueError(
                 "The gradient estimate does not have the structure of z: "
@@ -683,6 +793,8 @@ class _SGKernel(MCMCKernel):
     def sample(self, state, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         new_state = self._sample_fn(state, model_args, model_kwargs)
+        if self._recentre_every is not None:
+            new_state = self._recentre(new_state, model_args, model_kwargs)
         # Once per run: when the first chain stops (vectorized chains share a call).
         first_stop = jnp.any(new_state.num_nonfinite > 0) & jnp.all(
             state.num_nonfinite == 0
@@ -829,7 +941,8 @@ class _FirstOrderKernel(_SGKernel):
 
     def _init_state(self, rng_key, z, model_args, model_kwargs):
         rng_key, key_est = random.split(rng_key)
-        est = self._estimator(key_est, z, model_args, model_kwargs)
+        centre = self._initial_centre(z, model_args, model_kwargs)
+        est = self._estimate(key_est, z, model_args, model_kwargs, centre)
         noise_sd = self._noise_tree(z, est.noise_sd)
         return SGState(
             i=jnp.array(0),
@@ -844,6 +957,7 @@ class _FirstOrderKernel(_SGKernel):
             else _tree_mean(noise_sd),
             tolerance_exceeded=jnp.array(jnp.nan),
             num_nonfinite=jnp.array(0),
+            centre=centre,
             rng_key=rng_key,
         )
 
@@ -852,7 +966,7 @@ class _FirstOrderKernel(_SGKernel):
         z, exceeded = self._update(
             key_move, state.z, state.z_grad, self._step_size, state.noise_sd
         )
-        est = self._estimator(key_est, z, model_args, model_kwargs)
+        est = self._estimate(key_est, z, model_args, model_kwargs, state.centre)
         if state.noise_sd is None:
             noise_sd, mean_noise_sd, frac = None, jnp.array(jnp.nan), jnp.array(jnp.nan)
         else:
@@ -883,6 +997,7 @@ class _FirstOrderKernel(_SGKernel):
             mean_noise_sd,
             frac,
             state.num_nonfinite,
+            state.centre,
             rng_key,
         )
         stopped = state._replace(
@@ -963,6 +1078,19 @@ class SGBD(_FirstOrderKernel):
         any); the result is in :attr:`centre_info`.
     :param int chunk_size: data rows per chunk of the full-data computations at the
         centre (default 4096): memory O(chunk_size x d), whatever N.
+    :param int recentre_every: with control variates, move the centre during
+        warmup: every ``recentre_every`` warmup steps it becomes the mean of the
+        chain's unconstrained positions over those steps, with the full-data
+        potential and gradient there (in chunks; a non-finite result keeps the old
+        centre). Without ``centre`` no mode search runs and each chain starts
+        centred at its initial position. After warmup the centre stays where it is
+        (the draws come from one time-homogeneous chain); it is in
+        ``mcmc.last_state.centre`` (a :class:`~numpyro_sgbd.Centre`). Each
+        re-centring costs one pass over the data, about N/n minibatch gradients:
+        ``recentre_every`` of N/n or more adds at most about one minibatch
+        gradient per warmup step. It helps where the posterior mean is far from the
+        mode in posterior sds, or where no good centre is at hand (see the user
+        guide). Default ``None``: a fixed centre.
 
     **References**
 
@@ -1072,6 +1200,7 @@ NOGINState = namedtuple(
         "mean_noise_sd",
         "noise_damping",
         "num_nonfinite",
+        "centre",
         "rng_key",
     ],
 )
@@ -1094,6 +1223,8 @@ State of :class:`NOGIN`. The scalar fields can be collected with
    :math:`(1-\\lambda^2-x)/(1+\\lambda^2+x)` at this value x; near 1 or above,
    gradient noise rather than the step size limits exploration (see :class:`NOGIN`).
  - **num_nonfinite** - number of refused non-finite steps (see :class:`SGState`).
+ - **centre** - the control variates' centre while re-centring (see
+   :class:`SGState`), else ``None``.
  - **rng_key** - random key.
 """
 
@@ -1207,6 +1338,7 @@ class NOGIN(_SGKernel):
         per-datum differences).
     :param dict centre: as for :class:`SGBD`.
     :param int chunk_size: as for :class:`SGBD`.
+    :param int recentre_every: as for :class:`SGBD`.
 
     **References**
 
@@ -1344,7 +1476,8 @@ class NOGIN(_SGKernel):
         flat, _ = ravel_pytree(z)
         scale = jnp.sqrt(self._mass / self._inverse_temperature)
         p = scale * random.normal(key_p, flat.shape, flat.dtype)
-        est = self._estimator(key_est, z, model_args, model_kwargs)
+        centre = self._initial_centre(z, model_args, model_kwargs)
+        est = self._estimate(key_est, z, model_args, model_kwargs, centre)
         noise = est.noise_cov
         mean_sd = (
             jnp.zeros((), flat.dtype)
@@ -1361,6 +1494,7 @@ class NOGIN(_SGKernel):
             mean_noise_sd=mean_sd,
             noise_damping=jnp.array(jnp.nan, flat.dtype),
             num_nonfinite=jnp.array(0),
+            centre=centre,
             rng_key=rng_key,
         )
 
@@ -1368,7 +1502,9 @@ class NOGIN(_SGKernel):
         rng_key, key_kick, key_est = random.split(state.rng_key, 3)
         flat, unravel = ravel_pytree(state.z)
         flat = nogin_drift(flat, state.p, self._step_size, self._mass)
-        est = self._estimator(key_est, unravel(flat), model_args, model_kwargs)
+        est = self._estimate(
+            key_est, unravel(flat), model_args, model_kwargs, state.centre
+        )
         p, damping, mean_sd = self._kick(key_kick, state.p, est.z_grad, est.noise_cov)
         flat = nogin_drift(flat, p, self._step_size, self._mass)
         potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
@@ -1388,6 +1524,7 @@ class NOGIN(_SGKernel):
             mean_sd,
             damping,
             state.num_nonfinite,
+            state.centre,
             rng_key,
         )
         stopped = state._replace(
