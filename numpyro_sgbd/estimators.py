@@ -14,7 +14,10 @@ import jax
 from jax import random
 import jax.numpy as jnp
 import numpy as np
+from numpyro import handlers
+from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import substitute
+from numpyro.infer.initialization import init_to_median
 from numpyro.infer.util import _unconstrain_reparam, log_density
 from numpyro.primitives import Messenger
 
@@ -25,7 +28,9 @@ __all__ = [
     "MinibatchEstimator",
     "PotentialEstimator",
     "draw_indices",
+    "median_start",
     "noise_variance_factor",
+    "split_arrays",
 ]
 
 
@@ -175,6 +180,58 @@ class CustomEstimator:
         if out.potential_energy is None:
             out = out._replace(potential_energy=jnp.array(jnp.nan))
         return out
+
+
+def split_arrays(tree):
+    """``(arrays, rebuild, key)``: the array leaves of ``tree``, a function that puts
+    (possibly traced) arrays back among its other leaves, and a hashable key of
+    everything but the arrays' values (for caching compiled functions; ``None``
+    where a leaf is unhashable).
+
+    Data passed to a jitted function as arguments stay out of the compiled program;
+    embedded as constants, a large dataset makes XLA compile slowly (about 1 s more
+    for 10^6 x 10 float32 on two cores), and anew for every function that closes
+    over it.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    is_array = tuple(isinstance(x, (np.ndarray, jax.Array)) for x in leaves)
+    static = tuple(None if a else x for a, x in zip(is_array, leaves))
+    arrays = [x for a, x in zip(is_array, leaves) if a]
+
+    def rebuild(arrays):
+        it = iter(arrays)
+        return jax.tree.unflatten(
+            treedef, [next(it) if a else x for a, x in zip(is_array, static)]
+        )
+
+    key = (treedef, is_array, static)
+    try:
+        hash(key)
+    except TypeError:
+        key = None
+    return arrays, rebuild, key
+
+
+def median_start(model, arrays, rebuild, rng_key=None):
+    """NumPyro's ``init_to_median`` point, unconstrained, by site: one compiled
+    function of the data ``arrays`` (``rebuild`` as from :func:`split_arrays`);
+    traced op by op, as ``initialize_model`` does, it costs about a hundred small
+    compilations."""
+    rng_key = random.key(0) if rng_key is None else rng_key
+
+    @jax.jit
+    def start(arrays, rng_key):
+        args, kwargs = rebuild(arrays)
+        seeded = handlers.seed(model, rng_key)
+        fixed = handlers.substitute(seeded, substitute_fn=init_to_median)
+        trace = handlers.trace(fixed).get_trace(*args, **kwargs)
+        return {
+            name: biject_to(site["fn"].support).inv(site["value"])
+            for name, site in trace.items()
+            if site["type"] == "sample" and not site["is_observed"]
+        }
+
+    return start(arrays, rng_key)
 
 
 def as_jax_arrays(tree):
@@ -341,14 +398,22 @@ class MinibatchEstimator:
 
     def full_data_fn(self, model_args=(), model_kwargs=None, *, chunk_size=4096):
         """:meth:`full_data` as a jitted function of z, compiled once for these
-        model arguments (for an optimiser's repeated calls)."""
+        model arguments (for an optimiser's repeated calls); the data are
+        arguments of the compiled function, not constants in it."""
+        run, arrays = self.full_data_parts(model_args, model_kwargs, chunk_size)
+        return lambda z: run(z, arrays)
+
+    def full_data_parts(self, model_args=(), model_kwargs=None, chunk_size=4096):
+        """``(run, arrays)``: :meth:`full_data` is ``run(z, arrays)``, jitted, with
+        the array leaves of the model arguments as its second argument (so that a
+        caller's own jitted function can pass them through)."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+        arrays, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
         ((name, (size, _, _)),) = self.plates.items()
         c = int(min(chunk_size, size))
         num_chunks = -(-size // c)
 
-        def parts(z, start):
+        def parts(z, start, model_args, model_kwargs):
             idx = start + jnp.arange(c)
             mask = idx < size
             idx = jnp.minimum(idx, size - 1)  # the last chunk is padded
@@ -361,11 +426,14 @@ class MinibatchEstimator:
             loglik = jnp.sum(jnp.where(mask, h, 0.0)) * (c / size)
             return rest, loglik
 
-        rest_and_grad = jax.value_and_grad(lambda z: parts(z, 0)[0])
-        loglik_and_grad = jax.value_and_grad(lambda z, start: parts(z, start)[1])
-
         @jax.jit
-        def run(z):
+        def run(z, arrays):
+            args = rebuild(arrays)
+            rest_and_grad = jax.value_and_grad(lambda z: parts(z, 0, *args)[0])
+            loglik_and_grad = jax.value_and_grad(
+                lambda z, start: parts(z, start, *args)[1]
+            )
+
             def body(carry, start):
                 value, grad = loglik_and_grad(z, start)
                 return jax.tree.map(jnp.add, carry, (value, grad)), None
@@ -376,7 +444,7 @@ class MinibatchEstimator:
             rest, rest_grad = rest_and_grad(z)
             return rest - loglik, jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
 
-        return run
+        return run, arrays
 
 
 class ControlVariateEstimator(MinibatchEstimator):

@@ -13,7 +13,6 @@ import numpy as np
 from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.initialization import (
-    init_to_median,
     init_to_sample,
     init_to_uniform,
 )
@@ -27,7 +26,10 @@ from numpyro_sgbd.estimators import (
     CustomEstimator,
     MinibatchEstimator,
     PotentialEstimator,
+    as_jax_arrays,
     draw_indices,
+    median_start,
+    split_arrays,
 )
 from numpyro_sgbd.updates import (
     COVARIANCES,
@@ -254,50 +256,83 @@ def _unconstrained_centre(centre, trace, shapes):
     return out
 
 
-def _search_centre(full, model, model_args, model_kwargs, max_iter=500, max_restarts=5):
-    """The full-data mode by BFGS (``jax.scipy.optimize``) on the chunked potential
-    ``full``, from ``init_to_median``; returns ``(centre, info)``, warns if it did
-    not converge and raises if it diverged. Prints a one-line report."""
+def _search_centre(
+    estimator, model, model_args, model_kwargs, chunk_size, max_iter=500, max_restarts=5
+):
+    """The full-data mode by BFGS (``jax.scipy.optimize``) on the potential that
+    ``estimator.full_data`` sums in chunks, from ``init_to_median``; returns
+    ``(centre, info)``, warns if it did not converge and raises if it diverged.
+    Prints a one-line report. The data are arguments of the compiled search."""
     start = time.perf_counter()
-    info = initialize_model(
-        random.key(0),
-        model,
-        model_args=model_args,
-        model_kwargs=model_kwargs,
-        init_strategy=init_to_median,
-    )
-    z0, unravel = ravel_pytree(info.param_info.z)
+    run, arrays = estimator.full_data_parts(model_args, model_kwargs, chunk_size)
+    _, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
+    z0, unravel = ravel_pytree(median_start(model, arrays, rebuild))
 
-    @jax.custom_vjp
-    def potential(x):
-        return full(unravel(x))[0]
+    @jax.jit
+    def minimize(x, scale, arrays):
+        """BFGS over u, z = x + scale @ u, from u = 0: its initial inverse
+        Hessian, the identity in u, is scale @ scale.T in z."""
 
-    def fwd(x):
-        value, grad = full(unravel(x))
-        return value, ravel_pytree(grad)[0]
+        # The gradient of the chunked potential is its own (a scan's reverse
+        # mode would keep every chunk's residuals: O(N d) memory).
+        @jax.custom_vjp
+        def potential(u):
+            return run(unravel(x + scale @ u), arrays)[0]
 
-    potential.defvjp(fwd, lambda g, t: (t * g,))
-    minimize = jax.jit(
-        lambda x: jax.scipy.optimize.minimize(
-            potential, x, method="BFGS", options={"maxiter": max_iter}
+        def fwd(u):
+            value, grad = run(unravel(x + scale @ u), arrays)
+            return value, scale.T @ ravel_pytree(grad)[0]
+
+        potential.defvjp(fwd, lambda g, t: (t * g,))
+        result = jax.scipy.optimize.minimize(
+            potential,
+            jnp.zeros_like(x),
+            method="BFGS",
+            options={"maxiter": max_iter, "line_search_maxiter": 60},
         )
-    )
+        # g' H^-1 g in z equals its value in u.
+        decrement = result.jac @ result.hess_inv @ result.jac
+        new_scale = scale @ jnp.linalg.cholesky(result.hess_inv)
+        new_scale = jnp.where(jnp.all(jnp.isfinite(new_scale)), new_scale, scale)
+        return x + scale @ result.x, result, decrement, new_scale
+
+    @jax.jit
+    def curvature(x, arrays):
+        """The potential's Hessian diagonal at x, one Hessian-vector product per
+        coordinate (d passes over the data, one at a time)."""
+
+        def grad(x):
+            return ravel_pytree(run(unravel(x), arrays)[1])[0]
+
+        def entry(e):
+            return jax.jvp(grad, (x,), (e,))[1] @ e
+
+        return jax.lax.map(entry, jnp.eye(x.shape[0], dtype=x.dtype))
+
     x, iterations = z0, 0
-    # jax's BFGS line search can stop early (e.g. when the first, unit-Hessian
-    # step is far off scale); a restart from where it stopped, with a fresh
-    # inverse Hessian, usually carries on.
+    # BFGS starts with the identity as inverse Hessian and jax's float32 line
+    # search fails on steps far below or above 1, so BFGS runs in units of the
+    # curvature at the start: z = x + u / sqrt(|H_jj|). (The identity in z would
+    # step by the whole gradient, about N times too far for N data points.)
+    diag = np.abs(np.asarray(curvature(x, arrays)))
+    ok = np.isfinite(diag) & (diag > 0)
+    diag = np.where(ok, diag, np.max(diag[ok], initial=1.0))
+    scale = jnp.diag(jnp.asarray(1 / np.sqrt(diag), z0.dtype))
+    # jax's BFGS line search can stop early; a restart from where it stopped,
+    # with BFGS's inverse Hessian so far as the new variables' identity, usually
+    # carries on.
     for _ in range(max_restarts + 1):
-        result = minimize(x)
+        new_x, result, decrement, scale = minimize(x, scale, arrays)
         iterations += int(result.nit)
-        moved = not bool(jnp.all(result.x == x))
-        x = result.x
-        value, grad = full(unravel(x))
+        moved = not bool(jnp.all(new_x == x))
+        x = new_x
+        value, grad = run(unravel(x), arrays)
         flat_grad = ravel_pytree(grad)[0]
         # Squared Newton decrement g' H^-1 g with BFGS's inverse Hessian: about
         # the squared distance to the mode in posterior sds. In float32 the
         # gradient of a large-N potential never meets an absolute tolerance; this
         # scale-free test does.
-        decrement = float(flat_grad @ result.hess_inv @ flat_grad)
+        decrement = float(decrement)
         converged = bool(result.success) or 0 <= decrement < 1e-2
         if converged or not moved or not np.isfinite(decrement):
             break
@@ -619,10 +654,12 @@ class _SGKernel(MCMCKernel):
                 }
             else:
                 centre, self.centre_info = _search_centre(
-                    full, self._model, model_args, model_kwargs
+                    plain, self._model, model_args, model_kwargs, self._chunk_size
                 )
                 potential, grad = full(centre)
             self._centre_cache = (key, arrays, (centre, potential, grad))
+            # The compiled initial-state function holds the old centre.
+            self._init_fns = {}
         return centre, potential, grad
 
     # ------------------------------------------------------------- re-centring
@@ -766,28 +803,18 @@ class _SGKernel(MCMCKernel):
         the other leaves (ints such as a subsample size) stay static. Compiled once
         per argument structure and static values.
         """
-        leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
-        is_array = tuple(isinstance(x, (np.ndarray, jax.Array)) for x in leaves)
-        static = tuple(None if a else x for a, x in zip(is_array, leaves))
-        key = (treedef, is_array, static)
-        try:
-            fn = self._init_fns.get(key)
-        except TypeError:  # unhashable static arguments: no caching
-            key, fn = None, None
+        arrays, rebuild, key = split_arrays((model_args, model_kwargs))
+        fn = None if key is None else self._init_fns.get(key)
         if fn is None:
 
             @jax.jit
             def init_from_arrays(rng_key, z, arrays):
-                it = iter(arrays)
-                args, kwargs = jax.tree.unflatten(
-                    treedef, [next(it) if a else x for a, x in zip(is_array, static)]
-                )
+                args, kwargs = rebuild(arrays)
                 return self._init_state(rng_key, z, args, kwargs)
 
             fn = init_from_arrays
             if key is not None:
                 self._init_fns = {key: fn}
-        arrays = [x for a, x in zip(is_array, leaves) if a]
         return lambda rng_key, z: fn(rng_key, z, arrays)
 
     def sample(self, state, model_args, model_kwargs):
@@ -1073,9 +1100,11 @@ class SGBD(_FirstOrderKernel):
     :param dict centre: the control variates' centre, constrained values by site
         (as ``mcmc.get_samples()`` or :func:`~numpyro_sgbd.posterior_mode` give).
         Default: the full-data mode, found by BFGS on the chunked full-data
-        potential from ``init_to_median`` (a one-line report is printed; it warns
-        if the search stops near but not at a mode and raises if it ends far from
-        any); the result is in :attr:`centre_info`.
+        potential from ``init_to_median``, in units of the curvature there (d
+        Hessian-vector products, then a few full-data gradients per iteration; a
+        one-line report is printed; it warns if the search stops near but not at a
+        mode and raises if it ends far from any); the result is in
+        :attr:`centre_info`.
     :param int chunk_size: data rows per chunk of the full-data computations at the
         centre (default 4096): memory O(chunk_size x d), whatever N.
     :param int recentre_every: with control variates, move the centre during

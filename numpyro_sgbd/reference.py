@@ -7,6 +7,7 @@ kernel Stein discrepancy; :func:`posterior_mode` finds the full-data mode and th
 curvature there, a starting point and a mass matrix for the SG kernels.
 """
 
+from functools import partial
 import hashlib
 import inspect
 from pathlib import Path
@@ -24,13 +25,12 @@ from numpyro import handlers
 from numpyro.infer import MCMC, NUTS, init_to_median, init_to_sample
 from numpyro.infer.util import (
     constrain_fn,
-    initialize_model,
     potential_energy,
     unconstrain_fn,
 )
 from numpyro.primitives import Messenger
 
-from numpyro_sgbd.estimators import as_jax_arrays
+from numpyro_sgbd.estimators import as_jax_arrays, median_start, split_arrays
 
 __all__ = [
     "PosteriorMode",
@@ -244,34 +244,35 @@ def _cache_key(model, model_args, model_kwargs, settings):
 
 
 def _flat_potential(rng_key, model, model_args, model_kwargs):
-    """``(z0, unravel, potential)``: NumPyro's ``init_to_median`` start as a flat
-    unconstrained vector, its inverse flattening, and the model's potential of a
-    flat vector."""
-    info = initialize_model(
-        rng_key,
-        model,
-        model_args=model_args,
-        model_kwargs=model_kwargs,
-        init_strategy=init_to_median,
-    )
-    z0, unravel = ravel_pytree(info.param_info.z)
+    """``(z0, unravel, potential, arrays)``: NumPyro's ``init_to_median`` start as
+    a flat unconstrained vector, its inverse flattening, the model's potential
+    ``potential(z, arrays)`` of a flat vector and the array leaves of the model
+    arguments (passed to compiled functions as arguments, not embedded in them)."""
+    arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
+    z0, unravel = ravel_pytree(median_start(model, arrays, rebuild, rng_key))
 
-    def potential(z):
-        return potential_energy(model, model_args, model_kwargs, unravel(z))
+    def potential(z, arrays):
+        args, kwargs = rebuild(arrays)
+        return potential_energy(model, args, kwargs, unravel(z))
 
-    return z0, unravel, potential
+    return z0, unravel, potential, arrays
 
 
-def _find_mode(potential, z0, *, max_iter=200):
+def _find_mode(potential, z0, arrays, *, max_iter=200):
     """Posterior mode and Hessian there, by damped Newton (Levenberg-Marquardt).
 
     Works on the flattened unconstrained vector; the damping makes it a gradient step
     far from the mode, where the Hessian need not be positive definite.
     """
-    value_and_grad = jax.jit(jax.value_and_grad(potential))
-    hessian = jax.jit(jax.hessian(potential))
+    value_and_grad = partial(jax.jit(jax.value_and_grad(potential)), arrays=arrays)
+    hessian = partial(jax.jit(jax.hessian(potential)), arrays=arrays)
     z = z0
     value, grad = value_and_grad(z)
+    if not (np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))):
+        raise ValueError(
+            "The potential or its gradient is not finite at the init_to_median "
+            f"start (U = {float(value)}): check the model's priors and data."
+        )
     damping = 1e-3
     for _ in range(max_iter):
         h = np.asarray(hessian(z), np.float64)
@@ -340,10 +341,10 @@ def posterior_mode(model, *model_args, rng_key=None, max_iter=200, **model_kwarg
     rng_key = random.key(0) if rng_key is None else rng_key
     model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
     widened = full_batch(model)
-    z0, unravel, flat_potential = _flat_potential(
+    z0, unravel, flat_potential, arrays = _flat_potential(
         rng_key, widened, model_args, model_kwargs
     )
-    mode, hess = _find_mode(flat_potential, z0, max_iter=max_iter)
+    mode, hess = _find_mode(flat_potential, z0, arrays, max_iter=max_iter)
     diag = np.diag(hess)
     if not np.all(np.isfinite(diag) & (diag > 0)):
         raise ValueError(
@@ -540,15 +541,15 @@ def reference_posterior(
         samples = mcmc.get_samples(group_by_chain=True)
         posterior = {name: samples[name] for name in kept}
     else:
-        z0, unravel, flat_potential = _flat_potential(
+        z0, unravel, flat_potential, arrays = _flat_potential(
             key_init, widened, model_args, model_kwargs
         )
-        mode, hess = _find_mode(flat_potential, z0)
+        mode, hess = _find_mode(flat_potential, z0, arrays)
         w = _laplace_map(hess)
         loc, w_jax = mode, jnp.asarray(w, mode.dtype)
 
         def whitened_potential(u):
-            return flat_potential(loc + w_jax @ u)
+            return flat_potential(loc + w_jax @ u, arrays)
 
         u0 = random.normal(key_init, (num_chains, mode.shape[0]), mode.dtype)
         mcmc = MCMC(

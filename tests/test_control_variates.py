@@ -401,3 +401,26 @@ def test_sgld_and_nogin_recentre_at_the_window_mean(kernel_name):
     }
     np.testing.assert_allclose(flat(centre.z), flat(z), rtol=1e-5)
     np.testing.assert_allclose(centre.potential, exact(centre.z)[0], rtol=1e-5)
+
+
+def test_a_new_dataset_gets_its_own_centre_gradient_in_the_state():
+    """The initial state is compiled once per argument shapes; it must not keep the
+    full-data gradient at the centre of the previous dataset."""
+    from numpyro.infer import MCMC
+
+    from numpyro_sgbd import SGLD
+
+    centre = {"w": CENTRE["w"], "sigma": jnp.exp(CENTRE["sigma"])}
+    kernel = SGLD(
+        model,
+        step_size=1e-3,
+        gradient="control_variates",
+        centre=centre,
+        recentre_every=5,
+    )
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=2, progress_bar=False)
+    for y in (Y, -Y):
+        mcmc.run(random.key(0), X, y)
+        _, grad = MinibatchEstimator(model, PLATES).full_data(CENTRE, (X, y))
+        state = mcmc.last_state.centre
+        np.testing.assert_allclose(flat(state.grad), flat(grad), rtol=1e-4)
