@@ -4,7 +4,7 @@ gradient.
 Logistic regression, N = 10**6 rows, d = 10, minibatch n = 1000 (defaults, the
 control-variates issue's setting). Each ratio printed is of times measured in this
 one process, each the marginal time per step of ``MCMC.run`` (see
-``adapter_overhead.time_kernel``: the difference of a long and a short run, so the
+``run.kernel_seconds``: the difference of a long and a short run, so the
 one-off full-data gradient at the centre and compilation cancel):
 
     python benchmarks/control_variates_cost.py [--num-data 1000000] [--dim 10]
@@ -16,8 +16,9 @@ corrected variants are taken at both points too.
 
 import argparse
 
-from adapter_overhead import make_data, model, time_kernel
 import jax.numpy as jnp
+from run import kernel_seconds as time_kernel
+from run import make_data, model
 
 from numpyro_sgbd import SGBD, SGLD
 

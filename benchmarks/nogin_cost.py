@@ -3,7 +3,7 @@
 Logistic regression with d = 1000 features, minibatch n = 100 (defaults; the
 issue's setting), N = 10,000 rows. Every ratio printed is of times measured in this
 one process, each the marginal time per step of ``MCMC.run`` (see
-``adapter_overhead.time_kernel``):
+``run.kernel_seconds``):
 
     python benchmarks/nogin_cost.py [--dim 1000] [--subsample-size 100]
 
@@ -23,7 +23,8 @@ On the 2-core development machine (CPU, jax 0.10.2), defaults: SGLD vanilla
 
 import argparse
 
-from adapter_overhead import make_data, model, time_kernel
+from run import kernel_seconds as time_kernel
+from run import make_data, model
 
 from numpyro_sgbd import NOGIN, SGLD
 

@@ -39,6 +39,19 @@ def test_draw_indices_with_replacement():
 def test_noise_variance_factor():
     assert noise_variance_factor(1000, 10) == pytest.approx(10 * 0.99)
     assert noise_variance_factor(1000, 10, replace=True) == 10.0
+    # None chooses by n/N: with replacement at n = N/100, without above it.
+    assert noise_variance_factor(1000, 10, replace=None) == 10.0
+    assert noise_variance_factor(1000, 11, replace=None) == pytest.approx(11 * 0.989)
+
+
+def test_draw_indices_auto_replace():
+    # n = N/100 draws with replacement (duplicates appear among 4000 draws of 10
+    # from 1000); n > N/100 without (never).
+    keys = random.split(random.key(2), 4000)
+    with_dups = jax.vmap(lambda k: draw_indices(k, 1000, 10, replace=None))(keys)
+    assert any(len(np.unique(row)) < 10 for row in np.asarray(with_dups))
+    distinct = jax.vmap(lambda k: draw_indices(k, 1000, 11, replace=None))(keys)
+    assert all(len(np.unique(row)) == 11 for row in np.asarray(distinct))
 
 
 def logistic(X, y):
@@ -67,13 +80,17 @@ def _hand_written(X, y, z, idx):
     return jax.grad(potential)(z), per_datum
 
 
-@pytest.mark.parametrize("dim", [3, 12])  # forward mode (d <= n) and reverse mode
-def test_minibatch_gradient_and_noise_match_hand_written(dim):
+# "jacobian": forward mode (d <= n) and reverse mode; "vmap": one datum at a time.
+@pytest.mark.parametrize("per_datum", ["vmap", "jacobian"])
+@pytest.mark.parametrize("dim", [3, 12])
+def test_minibatch_gradient_and_noise_match_hand_written(dim, per_datum):
     N = 40
     X = random.normal(random.key(0), (N, dim))
     y = (random.uniform(random.key(1), (N,)) < 0.5).astype(jnp.float32)
     z = {"w": random.normal(random.key(2), (dim,)) * 0.3, "s": jnp.array(0.2)}
-    est = MinibatchEstimator(logistic, {"data": (N, 8, -1)}, noise=True)
+    est = MinibatchEstimator(
+        logistic, {"data": (N, 8, -1)}, noise=True, per_datum=per_datum
+    )
     key = random.key(3)
     out = est(key, z, (X, y), {})
     idx = est.draw(key)["data"]

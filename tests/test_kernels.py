@@ -545,6 +545,7 @@ def test_bad_models_raise_before_sampling(model, match, kernel_name):
         ({"step_size": 0.1, "beta": 1.0}, "beta must be"),
         ({"step_size": 0.1, "init_noise_sd": -1.0}, "init_noise_sd"),
         ({"step_size": 0.1, "increment": "uniform"}, "increment must be one of"),
+        ({"step_size": 0.1, "replace": "yes"}, "replace must be True"),
     ],
 )
 def test_bad_arguments_raise_at_construction(kwargs, match):
@@ -696,3 +697,24 @@ def test_numpy_data_is_accepted(y_data, kernel_name):
     mcmc.run(random.key(0), np.asarray(y_data))
     assert np.all(np.isfinite(mcmc.get_samples()["mu"]))
     assert az.from_numpyro(mcmc).log_likelihood["y"].shape == (1, 20, SUBSAMPLE)
+
+
+@pytest.mark.parametrize(
+    "kernel_cls, kwargs", [(SGBD, {"variant": "corrected"}), (NOGIN, {})]
+)
+def test_jit_model_args_gives_the_same_draws(y_data, kernel_cls, kwargs):
+    # With jit_model_args=True the data are traced arguments of NumPyro's loop,
+    # not constants; the chain must not change.
+    draws = []
+    for jit_model_args in (False, True):
+        kernel = kernel_cls(gaussian_model, step_size=0.05, **kwargs)
+        mcmc = MCMC(
+            kernel,
+            num_warmup=20,
+            num_samples=50,
+            progress_bar=False,
+            jit_model_args=jit_model_args,
+        )
+        mcmc.run(random.key(3), y_data, init_params={"mu": jnp.array(1.0)})
+        draws.append(np.asarray(mcmc.get_samples()["mu"]))
+    np.testing.assert_allclose(draws[0], draws[1], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,546 @@
+"""Speed of the kernels: every figure is a ratio of times measured in this process.
+
+    python benchmarks/run.py            # the full table (about 25 minutes on 2 cores)
+    python benchmarks/run.py --quick    # smaller N and fewer steps (about 4 minutes)
+
+Prints the table and writes it as Markdown to ``--output`` (default
+``benchmarks/results.md``). Sections, each on logistic regression with N(0, 1)
+covariates:
+
+(a) per-step time of ``MCMC(SGBD(model))`` and ``MCMC(SGLD(model))``, every variant,
+    progress bar off and on, / the floor: a hand-written jitted ``lax.scan`` of
+    minibatch gradients of the same potential with O(n) index draws
+    (``random.randint``) and a Langevin move; N = 10^6, d = 10, n = 1000 and 100.
+(b) the same kernels / BlackJAX's ``sgld`` run in a jitted ``lax.scan`` on the same
+    data and batch size (the same index draws).
+(c) N-scaling: per-step time at N = 10^6 / at N = 10^4, n = 100; for contrast the
+    same ratio for a hand-written loop whose minibatch comes from NumPyro's own
+    ``plate(subsample_size=n)`` (which draws a permutation of N per step).
+(d) corrected (and extreme) / vanilla, whose noise estimate needs the n per-datum
+    gradients: n = 100, d = 100.
+(e) time to accuracy on the 10^6-row regression: wall time of a whole run (from
+    the model to the draws: mode search, compilation and sampling) until SGBD and
+    SGLD, corrected with control-variate gradients and the best of a step-size grid,
+    reach xi <= 0.1 and standardised mean bias <= 0.25 against NUTS's draws, / the
+    wall time of NUTS's 500 warmup + 1000 draws.
+(f) memory: peak resident memory of a run at N = 10^7 (and 10^6), d = 10, above
+    the resident memory once the data are loaded.
+
+Per-step times of MCMC runs are marginal, (T(long) - T(short)) / (extra steps),
+median over repeats, each T less the seconds JAX reports compiling in it
+(NumPyro's ``MCMC.run`` compiles its sampling loop again on every call); the scans
+are compiled once and timed on later calls.
+"""
+
+import argparse
+import contextlib
+import functools
+import gc
+import io
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+from jax import random
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import MCMC, NUTS, init_to_value
+from numpyro.infer.util import log_density
+
+from numpyro_sgbd import SGBD, SGLD, full_batch, posterior_mode
+
+KERNELS = [
+    (f"{cls.__name__} {variant}", cls, variant)
+    for cls in (SGBD, SGLD)
+    for variant in ("vanilla", "corrected", "extreme")
+]
+
+
+def model(X, y, subsample_size=None):
+    """Logistic regression, N(0, 1) prior on each coefficient."""
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
+
+
+def make_data(num_data, dim, seed=0):
+    """N(0, 1) covariates, coefficients N(0, 1), labels from the model (float32)."""
+    kx, kw, ky = random.split(random.key(seed), 3)
+    X = random.normal(kx, (num_data, dim))
+    w = random.normal(kw, (dim,))
+    y = random.bernoulli(ky, jax.nn.sigmoid(X @ w)).astype(jnp.float32)
+    return X, y
+
+
+def _loglik(w, x, y):
+    logits = x @ w
+    return jnp.sum(y * logits - jnp.logaddexp(0.0, logits))
+
+
+def _scan_seconds(run, num_steps, repeats=3):
+    """Seconds per step of a jitted ``run(key)``: compiled on a first call, then the
+    median of ``repeats`` timed calls."""
+    jax.block_until_ready(run(random.key(0)))
+    times = []
+    for seed in range(1, repeats + 1):
+        start = time.perf_counter()
+        jax.block_until_ready(run(random.key(seed)))
+        times.append((time.perf_counter() - start) / num_steps)
+    return statistics.median(times)
+
+
+def floor_seconds(X, y, n, num_steps):
+    """The floor: minibatch gradient of a hand-written potential, randint indices
+    and a Langevin move, in a jitted ``lax.scan`` that keeps every draw."""
+    N = X.shape[0]
+
+    def potential(w, idx):
+        return 0.5 * jnp.sum(w**2) - (N / n) * _loglik(w, X[idx], y[idx])
+
+    @jax.jit
+    def run(key):
+        def step(w, key):
+            k_idx, k_noise = random.split(key)
+            idx = random.randint(k_idx, (n,), 0, N)
+            w = w - 0.5e-6 * jax.grad(potential)(w, idx)
+            w = w + 1e-3 * random.normal(k_noise, w.shape)
+            return w, w
+
+        return jax.lax.scan(
+            step, jnp.full(X.shape[1], 0.1), random.split(key, num_steps)
+        )
+
+    return _scan_seconds(run, num_steps)
+
+
+def blackjax_seconds(X, y, n, num_steps):
+    """BlackJAX's ``sgld`` (its ``grad_estimator`` over a minibatch) in a jitted
+    ``lax.scan``, with the floor's index draws."""
+    import blackjax
+    from blackjax.sgmcmc.gradients import grad_estimator
+
+    N = X.shape[0]
+    estimator = grad_estimator(
+        lambda w: dist.Normal(0.0, 1.0).log_prob(w).sum(),
+        lambda w, batch: _loglik(w, batch[0], batch[1]),
+        N,
+    )
+    sgld = blackjax.sgld(estimator)
+
+    @jax.jit
+    def run(key):
+        def step(w, key):
+            k_idx, k_move = random.split(key)
+            idx = random.randint(k_idx, (n,), 0, N)
+            w = sgld.step(k_move, w, (X[idx], y[idx]), 1e-6)
+            return w, w
+
+        return jax.lax.scan(
+            step, jnp.full(X.shape[1], 0.1), random.split(key, num_steps)
+        )
+
+    return _scan_seconds(run, num_steps)
+
+
+def numpyro_plate_seconds(X, y, n, num_steps):
+    """A hand-written loop whose minibatch is drawn by NumPyro's own subsample
+    plate (``handlers.seed``): the cost NumPyro's plate subsampling sets."""
+
+    def potential(w, key):
+        seeded = numpyro.handlers.seed(model, key)
+        return -log_density(seeded, (X, y, n), {}, {"w": w})[0]
+
+    @jax.jit
+    def run(key):
+        def step(w, key):
+            k_idx, k_noise = random.split(key)
+            w = w - 0.5e-6 * jax.grad(potential)(w, k_idx)
+            w = w + 1e-3 * random.normal(k_noise, w.shape)
+            return w, w
+
+        return jax.lax.scan(
+            step, jnp.full(X.shape[1], 0.1), random.split(key, num_steps)
+        )
+
+    return _scan_seconds(run, num_steps)
+
+
+@contextlib.contextmanager
+def compile_seconds():
+    """Yields a list that ends up holding the seconds JAX spent tracing, lowering
+    and compiling inside the block (the union of its compile-event time spans,
+    so that nested compilations count once)."""
+    spans, total = [], []
+
+    def listener(event, start, end, **kwargs):
+        if event.startswith("/jax/core/compile/"):
+            spans.append((start, end))
+
+    jax.monitoring.register_event_time_span_listener(listener)
+    try:
+        yield total
+    finally:
+        jax.monitoring.unregister_event_time_span_listener(listener)
+        covered, last = 0.0, -np.inf
+        for start, end in sorted(spans):
+            covered += max(0.0, end - max(start, last))
+            last = max(last, end)
+        total.append(covered)
+
+
+def _run_seconds(kernel, X, y, n, num_samples, progress_bar):
+    """Wall seconds of one ``MCMC.run`` less the time spent compiling in it."""
+    mcmc = MCMC(
+        kernel, num_warmup=0, num_samples=num_samples, progress_bar=progress_bar
+    )
+    init = {"w": jnp.full(X.shape[1], 0.1)}
+    start = time.perf_counter()
+    with contextlib.redirect_stderr(io.StringIO()), compile_seconds() as compiling:
+        # (redirected: the bars would flood the table)
+        mcmc.run(random.key(0), X, y, n, init_params=init)
+        jax.block_until_ready(mcmc.get_samples())
+    return time.perf_counter() - start - compiling[0]
+
+
+def kernel_seconds(make_kernel, X, y, n, num_steps, progress_bar, repeats=3):
+    """Marginal seconds per step of ``MCMC(make_kernel())``: (T(6k steps) -
+    T(k steps)) / 5k, each T the fastest of ``repeats`` runs (interference only
+    adds time) less its compilation time (``MCMC.run`` compiles its loop on every
+    call; its variation would swamp the steps), with the garbage collector paused.
+    The difference removes the rest of the per-run set-up."""
+
+    def fastest(num_samples):
+        times = []
+        for _ in range(repeats):
+            gc.collect()
+            gc.disable()
+            try:
+                times.append(
+                    _run_seconds(make_kernel(), X, y, n, num_samples, progress_bar)
+                )
+            finally:
+                gc.enable()
+        return min(times)
+
+    return (fastest(6 * num_steps) - fastest(num_steps)) / (5 * num_steps)
+
+
+def _make(cls, variant, **kwargs):
+    return lambda: cls(model, step_size=1e-3, variant=variant, **kwargs)
+
+
+class Table:
+    """Rows printed as they come and kept for the Markdown file."""
+
+    def __init__(self):
+        self.sections = []
+
+    def section(self, title, columns):
+        self.sections.append((title, columns, []))
+        print(f"\n{title}")
+        print("  ".join(f"{c:>14}" if i else f"{c:<30}" for i, c in enumerate(columns)))
+
+    def row(self, *cells):
+        text = [c if isinstance(c, str) else f"{c:.3g}" for c in cells]
+        self.sections[-1][2].append(text)
+        print("  ".join(f"{c:>14}" if i else f"{c:<30}" for i, c in enumerate(text)))
+        sys.stdout.flush()
+
+    def markdown(self):
+        out = []
+        for title, columns, rows in self.sections:
+            out += [f"**{title}**", "", "| " + " | ".join(columns) + " |"]
+            out.append("|" + "|".join(["---"] * len(columns)) + "|")
+            out += ["| " + " | ".join(row) + " |" for row in rows]
+            out.append("")
+        return "\n".join(out)
+
+
+def per_step(table, args):
+    """Sections (a), (b), (c)."""
+    steps = args.num_steps
+    X, y = make_data(args.num_data, 10)
+    results = {}
+    for n in (1000, 100):
+        floor = floor_seconds(X, y, n, 6 * steps)
+        bj = blackjax_seconds(X, y, n, 6 * steps)
+        table.section(
+            f"(a), (b) N = {args.num_data:.0e}, d = 10, n = {n}: floor "
+            f"{1e6 * floor:.1f} us/step, BlackJAX sgld {1e6 * bj:.1f} us/step",
+            ["kernel", "bar", "us/step", "/ floor", "/ BlackJAX"],
+        )
+        for name, cls, variant in KERNELS:
+            for bar in (False, True):
+                # The bar's per-step cost is larger and steadier: fewer steps.
+                k = steps if not bar else max(steps // 5, 200)
+                t = kernel_seconds(_make(cls, variant), X, y, n, k, bar, args.repeats)
+                results[(name, n, bar)] = t
+                table.row(name, "on" if bar else "off", 1e6 * t, t / floor, t / bj)
+    small_N = args.small_data
+    Xs, ys = make_data(small_N, 10)
+    table.section(
+        f"(c) per-step time at N = {args.num_data:.0e} / at N = {small_N:.0e}, "
+        "n = 100, bar off",
+        ["method", f"us/step N={small_N:.0e}", "ratio"],
+    )
+    for name, cls, variant in KERNELS:
+        t = kernel_seconds(_make(cls, variant), Xs, ys, 100, steps, False, args.repeats)
+        table.row(name, 1e6 * t, results[(name, 100, False)] / t)
+    big = numpyro_plate_seconds(X, y, 100, steps)
+    small = numpyro_plate_seconds(Xs, ys, 100, steps)
+    table.row("NumPyro plate subsampling loop", 1e6 * small, big / small)
+    big = floor_seconds(X, y, 100, 6 * steps)
+    small = floor_seconds(Xs, ys, 100, 6 * steps)
+    table.row("floor (randint)", 1e6 * small, big / small)
+
+
+def per_datum(table, args):
+    """Section (d)."""
+    X, y = make_data(args.wide_data, 100)
+    table.section(
+        f"(d) N = {args.wide_data:.0e}, d = 100, n = 100, bar off: per-datum "
+        "gradients / vanilla",
+        ["kernel", "us/step", "/ vanilla"],
+    )
+    for cls in (SGBD, SGLD):
+        vanilla = kernel_seconds(
+            _make(cls, "vanilla"), X, y, 100, args.num_steps, False, args.repeats
+        )
+        table.row(f"{cls.__name__} vanilla", 1e6 * vanilla, 1.0)
+        for variant in ("corrected", "extreme"):
+            t = kernel_seconds(
+                _make(cls, variant), X, y, 100, args.num_steps, False, args.repeats
+            )
+            table.row(f"{cls.__name__} {variant}", 1e6 * t, t / vanilla)
+
+
+def _errors(draws, ref_mean, ref_sd):
+    sd = draws.std(axis=0, ddof=1)
+    xi = np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd)
+    bias = np.max(np.abs(draws.mean(axis=0) - ref_mean) / ref_sd)
+    return xi, bias
+
+
+def time_to_accuracy(table, args):
+    """Section (e)."""
+    N = args.accuracy_data
+    X, y = make_data(N, 10, seed=1)
+    n = 1000
+    start = time.perf_counter()
+    nuts = MCMC(
+        NUTS(full_batch(model)),
+        num_warmup=args.nuts_warmup,
+        num_samples=args.nuts_samples,
+        progress_bar=False,
+    )
+    nuts.run(random.key(1), X, y, n)
+    ref = np.asarray(nuts.get_samples()["w"], np.float64)
+    nuts_seconds = time.perf_counter() - start
+    ref_mean, ref_sd = ref.mean(0), ref.std(0, ddof=1)
+    table.section(
+        f"(e) time to xi <= 0.1 and bias <= 0.25, N = {N:.0e}, d = 10, n = {n}: "
+        f"NUTS {args.nuts_warmup} + {args.nuts_samples} took {nuts_seconds:.1f} s",
+        ["method", "step c", "steps", "seconds", "xi", "bias", "/ NUTS"],
+    )
+    for cls in (SGBD, SGLD):
+        best = None
+        for c in args.step_grid:
+            for num_samples in args.length_grid:
+                # The whole pipeline a user runs, timed from the model: mode
+                # (centre, start, per-coordinate scales), compilation, sampling.
+                start = time.perf_counter()
+                mode = posterior_mode(model, X, y, n)
+                step = {"w": c / jnp.sqrt(mode.hessian_diag["w"])}
+                kernel = cls(
+                    functools.partial(model, subsample_size=n),
+                    step_size=step,
+                    variant="corrected",
+                    gradient="control_variates",
+                    centre=mode.params,
+                    init_strategy=init_to_value(values=mode.params),
+                )
+                mcmc = MCMC(
+                    kernel,
+                    num_warmup=num_samples // 10,
+                    num_samples=num_samples,
+                    progress_bar=False,
+                    jit_model_args=True,  # the data as arguments, not constants
+                )
+                mcmc.run(random.key(2), X, y)
+                draws = np.asarray(mcmc.get_samples()["w"], np.float64)
+                seconds = time.perf_counter() - start
+                xi, bias = _errors(draws, ref_mean, ref_sd)
+                if xi <= 0.1 and bias <= 0.25:
+                    if best is None or seconds < best[3]:
+                        best = (c, num_samples, seconds, xi, bias)
+                    break
+        name = f"{cls.__name__} corrected, CV"
+        if best is None:
+            table.row(name, "-", "-", "not reached", "-", "-", "-")
+        else:
+            c, num_samples, seconds, xi, bias = best
+            steps = f"{num_samples // 10}+{num_samples}"
+            table.row(name, c, steps, seconds, xi, bias, seconds / nuts_seconds)
+
+
+def _rss_mb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def memory_child(num_data, n, num_steps, jit_model_args):
+    """Run in a subprocess: data, then the resident memory before and at the peak of
+    one ``MCMC(SGBD(model, variant='corrected'))`` run."""
+    # Build the data in chunks so that making it never holds more than the data.
+    chunks, rows = [], 1_000_000
+    for i, lo in enumerate(range(0, num_data, rows)):
+        Xc, yc = make_data(min(rows, num_data - lo), 10, seed=i)
+        chunks.append((np.asarray(Xc), np.asarray(yc)))
+        del Xc, yc
+    X = jnp.asarray(np.concatenate([c[0] for c in chunks]))
+    y = jnp.asarray(np.concatenate([c[1] for c in chunks]))
+    del chunks
+    jax.block_until_ready((X, y))
+    data_mb = (X.nbytes + y.nbytes) / 2**20
+    before = _rss_mb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM)
+        f.write("5")
+    kernel = SGBD(
+        functools.partial(model, subsample_size=n), step_size=1e-3, variant="corrected"
+    )
+    mcmc = MCMC(
+        kernel,
+        num_warmup=0,
+        num_samples=num_steps,
+        progress_bar=False,
+        jit_model_args=jit_model_args,
+    )
+    mcmc.run(random.key(0), X, y, init_params={"w": jnp.full(10, 0.1)})
+    jax.block_until_ready(mcmc.get_samples())
+    peak = _rss_mb("VmHWM")
+    print(json.dumps({"data_mb": data_mb, "before_mb": before, "peak_mb": peak}))
+
+
+def memory(table, args):
+    """Section (f)."""
+    table.section(
+        "(f) peak resident memory of a run above the memory with the data loaded "
+        f"(SGBD corrected, d = 10, n = 1000, {args.memory_steps} steps, bar off)",
+        ["N", "jit_model_args", "data MB", "RSS with data MB", "peak - RSS MB"],
+    )
+    for num_data in args.memory_data:
+        for jit_model_args in (False, True):
+            command = [sys.executable, __file__, "--memory-child", str(num_data)]
+            command += ["--memory-steps", str(args.memory_steps)]
+            command += ["--memory-jit-model-args"] if jit_model_args else []
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
+            m = json.loads(out.stdout.strip().splitlines()[-1])
+            table.row(
+                f"{num_data:.0e}",
+                str(jit_model_args),
+                m["data_mb"],
+                m["before_mb"],
+                m["peak_mb"] - m["before_mb"],
+            )
+
+
+def main(args):
+    if args.memory_child:
+        memory_child(
+            args.memory_child, 1000, args.memory_steps, args.memory_jit_model_args
+        )
+        return
+    if args.quick:
+        args.num_data, args.small_data, args.wide_data = 100_000, 10_000, 20_000
+        args.num_steps, args.repeats = 1000, 2
+        args.accuracy_data, args.nuts_warmup, args.nuts_samples = 20_000, 200, 400
+        args.memory_data, args.memory_steps = [100_000, 1_000_000], 500
+        args.length_grid = args.length_grid[:3]
+    table = Table()
+    started = time.perf_counter()
+    print(
+        f"numpyro-sgbd benchmarks: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, jax {jax.__version__}, numpyro "
+        f"{numpyro.__version__}, backend {jax.default_backend()}"
+        + (" (--quick)" if args.quick else "")
+    )
+    for part in args.parts:
+        {"abc": per_step, "d": per_datum, "e": time_to_accuracy, "f": memory}[part](
+            table, args
+        )
+    elapsed = time.perf_counter() - started
+    print(f"\n{elapsed / 60:.1f} minutes")
+    if args.output:
+        header = (
+            f"Command: `python benchmarks/run.py{' --quick' if args.quick else ''}`; "
+            f"{os.cpu_count()} CPU cores, jax {jax.__version__}, numpyro "
+            f"{numpyro.__version__}; {elapsed / 60:.1f} minutes.\n\n"
+        )
+        with open(args.output, "w") as f:
+            f.write(header + table.markdown())
+        print(f"wrote {args.output}")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, fast")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        default=["abc", "d", "e", "f"],
+        choices=["abc", "d", "e", "f"],
+    )
+    parser.add_argument("--num-data", type=int, default=1_000_000)
+    parser.add_argument("--small-data", type=int, default=10_000)
+    parser.add_argument("--wide-data", type=int, default=100_000)
+    parser.add_argument(
+        "--num-steps",
+        type=int,
+        default=4000,
+        help="k: MCMC runs of k and 6k steps give the marginal cost",
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--accuracy-data", type=int, default=1_000_000)
+    parser.add_argument("--nuts-warmup", type=int, default=500)
+    parser.add_argument("--nuts-samples", type=int, default=1000)
+    parser.add_argument(
+        "--step-grid",
+        type=float,
+        nargs="+",
+        default=[0.5, 1.0, 2.0],
+        help="SG step sizes c / sqrt(H_jj) at the posterior mode",
+    )
+    parser.add_argument(
+        "--length-grid",
+        type=int,
+        nargs="+",
+        default=[1000, 2000, 4000, 8000, 16000, 32000],
+        help="sampling steps tried in turn (warmup: a tenth)",
+    )
+    parser.add_argument(
+        "--memory-data", type=int, nargs="+", default=[1_000_000, 10_000_000]
+    )
+    parser.add_argument("--memory-steps", type=int, default=2000)
+    parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--memory-jit-model-args", action="store_true", help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--output",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.md"),
+    )
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main(parse_args())
