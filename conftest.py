@@ -1,0 +1,43 @@
+import gc
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_platform_name", "cpu")
+
+# Every XLA:CPU executable keeps its own memory mappings, and the suite compiles
+# thousands of them: kept to the end, they passed Linux's default limit of 65530
+# mappings per process and the compiler crashed (a segfault in CI). JAX's caches
+# are cleared after each module, and after any test that leaves more than this
+# many mappings (test_kernels alone reached about 34 000).
+_MAX_MAPPINGS = 20_000
+
+
+def _release_compiled_code():
+    jax.clear_caches()
+    gc.collect()
+
+
+def _num_mappings():
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux: the per-module clearing has to do
+        return 0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_after_module():
+    yield
+    _release_compiled_code()
+
+
+@pytest.fixture(autouse=True)
+def _release_when_many_mappings():
+    yield
+    if _num_mappings() > _MAX_MAPPINGS:
+        _release_compiled_code()
