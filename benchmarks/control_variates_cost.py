@@ -18,7 +18,7 @@ import argparse
 
 import jax.numpy as jnp
 from run import kernel_seconds as time_kernel
-from run import make_data, model
+from run import make_data
 
 from numpyro_sgbd import SGBD, SGLD
 
@@ -35,12 +35,12 @@ def main(args):
         ("SGLD corrected", SGLD, "corrected"),
     ]:
 
-        def plain(cls=cls, variant=variant):
-            return cls(model, step_size=1e-3, variant=variant)
+        def plain(model_n, cls=cls, variant=variant):
+            return cls(model_n, step_size=1e-3, variant=variant)
 
-        def with_cv(cls=cls, variant=variant):
+        def with_cv(model_n, cls=cls, variant=variant):
             return cls(
-                model,
+                model_n,
                 step_size=1e-3,
                 variant=variant,
                 gradient="control_variates",

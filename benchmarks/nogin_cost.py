@@ -24,7 +24,7 @@ On the 2-core development machine (CPU, jax 0.10.2), defaults: SGLD vanilla
 import argparse
 
 from run import kernel_seconds as time_kernel
-from run import make_data, model
+from run import make_data
 
 from numpyro_sgbd import NOGIN, SGLD
 
@@ -34,12 +34,12 @@ def main(args):
     X = X / args.dim**0.5  # logits of order 1
     n = args.subsample_size
     kernels = [
-        ("SGLD vanilla", lambda: SGLD(model, step_size=1e-3)),
-        ("SGLD corrected", lambda: SGLD(model, step_size=1e-3, variant="corrected")),
+        ("SGLD vanilla", lambda m: SGLD(m, step_size=1e-3)),
+        ("SGLD corrected", lambda m: SGLD(m, step_size=1e-3, variant="corrected")),
     ] + [
         (
             f"NOGIN {cov}",
-            lambda cov=cov: NOGIN(model, step_size=0.1, mass=1e3, covariance=cov),
+            lambda m, cov=cov: NOGIN(m, step_size=0.1, mass=1e3, covariance=cov),
         )
         for cov in ("lowrank", "diag", "full")
     ]

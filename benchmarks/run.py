@@ -43,6 +43,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -84,14 +85,15 @@ def _loglik(w, x, y):
     return jnp.sum(y * logits - jnp.logaddexp(0.0, logits))
 
 
-def _scan_seconds(run, num_steps, repeats=3):
-    """Seconds per step of a jitted ``run(key)``: compiled on a first call, then the
-    median of ``repeats`` timed calls."""
-    jax.block_until_ready(run(random.key(0)))
+def _scan_seconds(run, num_steps, X, y, repeats=3):
+    """Seconds per step of a jitted ``run(key, X, y)`` (the data as arguments, as in
+    the kernels' runs): compiled on a first call, then the median of ``repeats``
+    timed calls."""
+    jax.block_until_ready(run(random.key(0), X, y))
     times = []
     for seed in range(1, repeats + 1):
         start = time.perf_counter()
-        jax.block_until_ready(run(random.key(seed)))
+        jax.block_until_ready(run(random.key(seed), X, y))
         times.append((time.perf_counter() - start) / num_steps)
     return statistics.median(times)
 
@@ -101,15 +103,15 @@ def floor_seconds(X, y, n, num_steps):
     and a Langevin move, in a jitted ``lax.scan`` that keeps every draw."""
     N = X.shape[0]
 
-    def potential(w, idx):
-        return 0.5 * jnp.sum(w**2) - (N / n) * _loglik(w, X[idx], y[idx])
+    def potential(w, x, y):
+        return 0.5 * jnp.sum(w**2) - (N / n) * _loglik(w, x, y)
 
     @jax.jit
-    def run(key):
+    def run(key, X, y):
         def step(w, key):
             k_idx, k_noise = random.split(key)
             idx = random.randint(k_idx, (n,), 0, N)
-            w = w - 0.5e-6 * jax.grad(potential)(w, idx)
+            w = w - 0.5e-6 * jax.grad(potential)(w, X[idx], y[idx])
             w = w + 1e-3 * random.normal(k_noise, w.shape)
             return w, w
 
@@ -117,7 +119,7 @@ def floor_seconds(X, y, n, num_steps):
             step, jnp.full(X.shape[1], 0.1), random.split(key, num_steps)
         )
 
-    return _scan_seconds(run, num_steps)
+    return _scan_seconds(run, num_steps, X, y)
 
 
 def blackjax_seconds(X, y, n, num_steps):
@@ -135,7 +137,7 @@ def blackjax_seconds(X, y, n, num_steps):
     sgld = blackjax.sgld(estimator)
 
     @jax.jit
-    def run(key):
+    def run(key, X, y):
         def step(w, key):
             k_idx, k_move = random.split(key)
             idx = random.randint(k_idx, (n,), 0, N)
@@ -146,22 +148,22 @@ def blackjax_seconds(X, y, n, num_steps):
             step, jnp.full(X.shape[1], 0.1), random.split(key, num_steps)
         )
 
-    return _scan_seconds(run, num_steps)
+    return _scan_seconds(run, num_steps, X, y)
 
 
 def numpyro_plate_seconds(X, y, n, num_steps):
     """A hand-written loop whose minibatch is drawn by NumPyro's own subsample
     plate (``handlers.seed``): the cost NumPyro's plate subsampling sets."""
 
-    def potential(w, key):
+    def potential(w, key, X, y):
         seeded = numpyro.handlers.seed(model, key)
         return -log_density(seeded, (X, y, n), {}, {"w": w})[0]
 
     @jax.jit
-    def run(key):
+    def run(key, X, y):
         def step(w, key):
             k_idx, k_noise = random.split(key)
-            w = w - 0.5e-6 * jax.grad(potential)(w, k_idx)
+            w = w - 0.5e-6 * jax.grad(potential)(w, k_idx, X, y)
             w = w + 1e-3 * random.normal(k_noise, w.shape)
             return w, w
 
@@ -169,7 +171,7 @@ def numpyro_plate_seconds(X, y, n, num_steps):
             step, jnp.full(X.shape[1], 0.1), random.split(key, num_steps)
         )
 
-    return _scan_seconds(run, num_steps)
+    return _scan_seconds(run, num_steps, X, y)
 
 
 @contextlib.contextmanager
@@ -195,22 +197,32 @@ def compile_seconds():
         total.append(covered)
 
 
-def _run_seconds(kernel, X, y, n, num_samples, progress_bar):
+def _run_seconds(kernel, X, y, num_samples, progress_bar):
     """Wall seconds of one ``MCMC.run`` less the time spent compiling in it."""
     mcmc = MCMC(
-        kernel, num_warmup=0, num_samples=num_samples, progress_bar=progress_bar
+        kernel,
+        num_warmup=0,
+        num_samples=num_samples,
+        progress_bar=progress_bar,
+        # Bar off: the data as arguments of the loop, as for the floor; as
+        # constants (the default), each run's compilation copied them and the
+        # per-step times of identical runs varied by up to a half. Bar on: the
+        # default, since with jit_model_args=True NumPyro's per-step dispatch
+        # returns the data from every step, a copy (15 ms a step at N = 10^6).
+        jit_model_args=not progress_bar,
     )
     init = {"w": jnp.full(X.shape[1], 0.1)}
     start = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()), compile_seconds() as compiling:
         # (redirected: the bars would flood the table)
-        mcmc.run(random.key(0), X, y, n, init_params=init)
+        mcmc.run(random.key(0), X, y, init_params=init)
         jax.block_until_ready(mcmc.get_samples())
     return time.perf_counter() - start - compiling[0]
 
 
 def kernel_seconds(make_kernel, X, y, n, num_steps, progress_bar, repeats=3):
-    """Marginal seconds per step of ``MCMC(make_kernel())``: (T(6k steps) -
+    """Marginal seconds per step of ``MCMC(make_kernel(model_n))``, ``model_n`` the
+    model with ``subsample_size=n`` bound: (T(6k steps) -
     T(k steps)) / 5k, each T the fastest of ``repeats`` runs (interference only
     adds time) less its compilation time (``MCMC.run`` compiles its loop on every
     call; its variation would swamp the steps), with the garbage collector paused.
@@ -223,17 +235,27 @@ def kernel_seconds(make_kernel, X, y, n, num_steps, progress_bar, repeats=3):
             gc.disable()
             try:
                 times.append(
-                    _run_seconds(make_kernel(), X, y, n, num_samples, progress_bar)
+                    _run_seconds(
+                        make_kernel(functools.partial(model, subsample_size=n)),
+                        X,
+                        y,
+                        num_samples,
+                        progress_bar,
+                    )
                 )
             finally:
                 gc.enable()
         return min(times)
 
-    return (fastest(6 * num_steps) - fastest(num_steps)) / (5 * num_steps)
+    seconds = (fastest(6 * num_steps) - fastest(num_steps)) / (5 * num_steps)
+    # Every MCMC.run leaves a compiled loop in JAX's caches; hundreds of them
+    # exhaust the process's memory maps.
+    jax.clear_caches()
+    return seconds
 
 
 def _make(cls, variant, **kwargs):
-    return lambda: cls(model, step_size=1e-3, variant=variant, **kwargs)
+    return lambda model_n: cls(model_n, step_size=1e-3, variant=variant, **kwargs)
 
 
 class Table:
@@ -263,13 +285,20 @@ class Table:
         return "\n".join(out)
 
 
+def _steps_for(args, seconds_per_step):
+    """k such that the timed difference, 5k steps, lasts about
+    ``args.timed_seconds`` (at least ``args.num_steps``)."""
+    return max(args.num_steps, int(args.timed_seconds / seconds_per_step / 5))
+
+
 def per_step(table, args):
     """Sections (a), (b), (c)."""
-    steps = args.num_steps
     X, y = make_data(args.num_data, 10)
-    results = {}
+    results, floors = {}, {}
     for n in (1000, 100):
-        floor = floor_seconds(X, y, n, 6 * steps)
+        probe = floor_seconds(X, y, n, 6 * args.num_steps)
+        steps = _steps_for(args, probe)
+        floors[n] = floor = floor_seconds(X, y, n, 6 * steps)
         bj = blackjax_seconds(X, y, n, 6 * steps)
         table.section(
             f"(a), (b) N = {args.num_data:.0e}, d = 10, n = {n}: floor "
@@ -278,32 +307,41 @@ def per_step(table, args):
         )
         for name, cls, variant in KERNELS:
             for bar in (False, True):
-                # The bar's per-step cost is larger and steadier: fewer steps.
-                k = steps if not bar else max(steps // 5, 200)
+                # With the bar a step costs about 0.1 ms: fewer steps suffice.
+                k = steps if not bar else _steps_for(args, 1e-4)
                 t = kernel_seconds(_make(cls, variant), X, y, n, k, bar, args.repeats)
                 results[(name, n, bar)] = t
                 table.row(name, "on" if bar else "off", 1e6 * t, t / floor, t / bj)
     small_N = args.small_data
     Xs, ys = make_data(small_N, 10)
+    steps = _steps_for(args, floors[100])
+    small_floor = floor_seconds(Xs, ys, 100, 6 * steps)
+    floor_ratio = floors[100] / small_floor
     table.section(
         f"(c) per-step time at N = {args.num_data:.0e} / at N = {small_N:.0e}, "
         "n = 100, bar off",
-        ["method", f"us/step N={small_N:.0e}", "ratio"],
+        ["method", f"us/step N={small_N:.0e}", "ratio", "ratio / floor's"],
     )
+    table.row("floor (randint)", 1e6 * small_floor, floor_ratio, 1.0)
     for name, cls, variant in KERNELS:
         t = kernel_seconds(_make(cls, variant), Xs, ys, 100, steps, False, args.repeats)
-        table.row(name, 1e6 * t, results[(name, 100, False)] / t)
-    big = numpyro_plate_seconds(X, y, 100, steps)
-    small = numpyro_plate_seconds(Xs, ys, 100, steps)
-    table.row("NumPyro plate subsampling loop", 1e6 * small, big / small)
-    big = floor_seconds(X, y, 100, 6 * steps)
-    small = floor_seconds(Xs, ys, 100, 6 * steps)
-    table.row("floor (randint)", 1e6 * small, big / small)
+        ratio = results[(name, 100, False)] / t
+        table.row(name, 1e6 * t, ratio, ratio / floor_ratio)
+    k = _steps_for(args, 2e-4)
+    big = numpyro_plate_seconds(X, y, 100, k)
+    small = numpyro_plate_seconds(Xs, ys, 100, k)
+    table.row(
+        "NumPyro plate subsampling loop",
+        1e6 * small,
+        big / small,
+        big / small / floor_ratio,
+    )
 
 
 def per_datum(table, args):
     """Section (d)."""
     X, y = make_data(args.wide_data, 100)
+    steps = _steps_for(args, floor_seconds(X, y, 100, 6 * args.num_steps))
     table.section(
         f"(d) N = {args.wide_data:.0e}, d = 100, n = 100, bar off: per-datum "
         "gradients / vanilla",
@@ -311,12 +349,12 @@ def per_datum(table, args):
     )
     for cls in (SGBD, SGLD):
         vanilla = kernel_seconds(
-            _make(cls, "vanilla"), X, y, 100, args.num_steps, False, args.repeats
+            _make(cls, "vanilla"), X, y, 100, steps, False, args.repeats
         )
         table.row(f"{cls.__name__} vanilla", 1e6 * vanilla, 1.0)
         for variant in ("corrected", "extreme"):
             t = kernel_seconds(
-                _make(cls, variant), X, y, 100, args.num_steps, False, args.repeats
+                _make(cls, variant), X, y, 100, steps, False, args.repeats
             )
             table.row(f"{cls.__name__} {variant}", 1e6 * t, t / vanilla)
 
@@ -328,66 +366,119 @@ def _errors(draws, ref_mean, ref_sd):
     return xi, bias
 
 
-def time_to_accuracy(table, args):
-    """Section (e)."""
-    N = args.accuracy_data
-    X, y = make_data(N, 10, seed=1)
-    n = 1000
+def accuracy_child(spec):
+    """Run in a fresh subprocess (so that nothing compiled by an earlier run is
+    reused): one NUTS or SG run on the regression, timed from the model (after the
+    imports and the data), printed as JSON. NUTS saves its draws to ``spec["ref"]``;
+    an SG run compares its draws with them."""
+    X, y = make_data(spec["num_data"], 10, seed=1)
+    jax.block_until_ready((X, y))
     start = time.perf_counter()
-    nuts = MCMC(
-        NUTS(full_batch(model)),
-        num_warmup=args.nuts_warmup,
-        num_samples=args.nuts_samples,
+    with compile_seconds() as compiling:
+        draws = _accuracy_draws(spec, X, y)
+    seconds = time.perf_counter() - start
+    out = {"seconds": seconds, "compile_seconds": compiling[0]}
+    if spec["method"] == "NUTS":
+        np.save(spec["ref"], draws)
+    else:
+        ref = np.load(spec["ref"])
+        out["xi"], out["bias"] = _errors(draws, ref.mean(0), ref.std(0, ddof=1))
+    print(json.dumps(out))
+
+
+def _accuracy_draws(spec, X, y):
+    n = 1000
+    if spec["method"] == "NUTS":
+        mcmc = MCMC(
+            NUTS(full_batch(model)),
+            num_warmup=spec["num_warmup"],
+            num_samples=spec["num_samples"],
+            progress_bar=False,
+        )
+        mcmc.run(random.key(1), X, y, n)
+        return np.asarray(mcmc.get_samples()["w"], np.float64)
+    # The whole pipeline a user runs: the mode (centre, start, per-coordinate
+    # scales), then the kernel, compiled and run.
+    cls = {"SGBD": SGBD, "SGLD": SGLD}[spec["method"]]
+    mode = posterior_mode(model, X, y, n)
+    kernel = cls(
+        functools.partial(model, subsample_size=n),
+        step_size={"w": spec["c"] / jnp.sqrt(mode.hessian_diag["w"])},
+        variant="corrected",
+        gradient="control_variates",
+        centre=mode.params,
+        init_strategy=init_to_value(values=mode.params),
+    )
+    mcmc = MCMC(
+        kernel,
+        num_warmup=spec["num_samples"] // 10,
+        num_samples=spec["num_samples"],
         progress_bar=False,
+        jit_model_args=True,  # the data as arguments of the loop, not constants
     )
-    nuts.run(random.key(1), X, y, n)
-    ref = np.asarray(nuts.get_samples()["w"], np.float64)
-    nuts_seconds = time.perf_counter() - start
-    ref_mean, ref_sd = ref.mean(0), ref.std(0, ddof=1)
-    table.section(
-        f"(e) time to xi <= 0.1 and bias <= 0.25, N = {N:.0e}, d = 10, n = {n}: "
-        f"NUTS {args.nuts_warmup} + {args.nuts_samples} took {nuts_seconds:.1f} s",
-        ["method", "step c", "steps", "seconds", "xi", "bias", "/ NUTS"],
-    )
-    for cls in (SGBD, SGLD):
-        best = None
-        for c in args.step_grid:
-            for num_samples in args.length_grid:
-                # The whole pipeline a user runs, timed from the model: mode
-                # (centre, start, per-coordinate scales), compilation, sampling.
-                start = time.perf_counter()
-                mode = posterior_mode(model, X, y, n)
-                step = {"w": c / jnp.sqrt(mode.hessian_diag["w"])}
-                kernel = cls(
-                    functools.partial(model, subsample_size=n),
-                    step_size=step,
-                    variant="corrected",
-                    gradient="control_variates",
-                    centre=mode.params,
-                    init_strategy=init_to_value(values=mode.params),
+    mcmc.run(random.key(2), X, y)
+    return np.asarray(mcmc.get_samples()["w"], np.float64)
+
+
+def _child(flag, spec):
+    command = [sys.executable, __file__, flag, json.dumps(spec)]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{flag} {spec} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def time_to_accuracy(table, args):
+    """Section (e): every run in a fresh process."""
+    N = args.accuracy_data
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = os.path.join(tmp, "nuts.npy")
+        base = {"num_data": N, "ref": ref}
+        nuts = _child(
+            "--accuracy-child",
+            {
+                **base,
+                "method": "NUTS",
+                "num_warmup": args.nuts_warmup,
+                "num_samples": args.nuts_samples,
+            },
+        )
+        nuts_seconds = nuts["seconds"]
+        table.section(
+            f"(e) time to xi <= 0.1 and bias <= 0.25, N = {N:.0e}, d = 10, "
+            f"n = 1000: NUTS {args.nuts_warmup} + {args.nuts_samples} took "
+            f"{nuts_seconds:.1f} s ({nuts['compile_seconds']:.1f} s compiling)",
+            ["method", "step c", "steps", "seconds", "compiling s", "xi", "bias"]
+            + ["/ NUTS"],
+        )
+        for method in ("SGBD", "SGLD"):
+            best = None
+            for c in args.step_grid:
+                # The shortest run of the length grid that is accurate at this c.
+                for num_samples in args.length_grid:
+                    spec = {**base, "method": method, "c": c}
+                    out = _child(
+                        "--accuracy-child", {**spec, "num_samples": num_samples}
+                    )
+                    if out["xi"] <= 0.1 and out["bias"] <= 0.25:
+                        if best is None or out["seconds"] < best[2]["seconds"]:
+                            best = (c, num_samples, out)
+                        break
+            name = f"{method} corrected, CV"
+            if best is None:
+                table.row(name, "-", "-", "not reached", "-", "-", "-", "-")
+            else:
+                c, num_samples, out = best
+                table.row(
+                    name,
+                    c,
+                    f"{num_samples // 10}+{num_samples}",
+                    out["seconds"],
+                    out["compile_seconds"],
+                    out["xi"],
+                    out["bias"],
+                    out["seconds"] / nuts_seconds,
                 )
-                mcmc = MCMC(
-                    kernel,
-                    num_warmup=num_samples // 10,
-                    num_samples=num_samples,
-                    progress_bar=False,
-                    jit_model_args=True,  # the data as arguments, not constants
-                )
-                mcmc.run(random.key(2), X, y)
-                draws = np.asarray(mcmc.get_samples()["w"], np.float64)
-                seconds = time.perf_counter() - start
-                xi, bias = _errors(draws, ref_mean, ref_sd)
-                if xi <= 0.1 and bias <= 0.25:
-                    if best is None or seconds < best[3]:
-                        best = (c, num_samples, seconds, xi, bias)
-                    break
-        name = f"{cls.__name__} corrected, CV"
-        if best is None:
-            table.row(name, "-", "-", "not reached", "-", "-", "-")
-        else:
-            c, num_samples, seconds, xi, bias = best
-            steps = f"{num_samples // 10}+{num_samples}"
-            table.row(name, c, steps, seconds, xi, bias, seconds / nuts_seconds)
 
 
 def _rss_mb(field):
@@ -455,6 +546,9 @@ def memory(table, args):
 
 
 def main(args):
+    if args.accuracy_child:
+        accuracy_child(json.loads(args.accuracy_child))
+        return
     if args.memory_child:
         memory_child(
             args.memory_child, 1000, args.memory_steps, args.memory_jit_model_args
@@ -462,7 +556,7 @@ def main(args):
         return
     if args.quick:
         args.num_data, args.small_data, args.wide_data = 100_000, 10_000, 20_000
-        args.num_steps, args.repeats = 1000, 2
+        args.num_steps, args.repeats, args.timed_seconds = 1000, 2, 0.1
         args.accuracy_data, args.nuts_warmup, args.nuts_samples = 20_000, 200, 400
         args.memory_data, args.memory_steps = [100_000, 1_000_000], 500
         args.length_grid = args.length_grid[:3]
@@ -510,6 +604,12 @@ def parse_args(argv=None):
         help="k: MCMC runs of k and 6k steps give the marginal cost",
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--timed-seconds",
+        type=float,
+        default=2.0,
+        help="about how long the timed difference of two MCMC runs lasts",
+    )
     parser.add_argument("--accuracy-data", type=int, default=1_000_000)
     parser.add_argument("--nuts-warmup", type=int, default=500)
     parser.add_argument("--nuts-samples", type=int, default=1000)
@@ -535,6 +635,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--memory-jit-model-args", action="store_true", help=argparse.SUPPRESS
     )
+    parser.add_argument("--accuracy-child", default="", help=argparse.SUPPRESS)
     parser.add_argument(
         "--output",
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.md"),
