@@ -1,7 +1,7 @@
 """Speed of the kernels: every figure is a ratio of times measured in this process.
 
-    python benchmarks/run.py            # the full table (about 25 minutes on 2 cores)
-    python benchmarks/run.py --quick    # smaller N and fewer steps (about 4 minutes)
+    python benchmarks/run.py            # the full table (about 26 minutes on 2 cores)
+    python benchmarks/run.py --quick    # smaller N and fewer steps (about 12 minutes)
 
 Prints the table and writes it as Markdown to ``--output`` (default
 ``benchmarks/results.md``). Sections, each on logistic regression with N(0, 1)
@@ -26,10 +26,11 @@ covariates:
 (f) memory: peak resident memory of a run at N = 10^7 (and 10^6), d = 10, above
     the resident memory once the data are loaded.
 
-Per-step times of MCMC runs are marginal, (T(long) - T(short)) / (extra steps),
-median over repeats, each T less the seconds JAX reports compiling in it
-(NumPyro's ``MCMC.run`` compiles its sampling loop again on every call); the scans
-are compiled once and timed on later calls.
+Per-step times of MCMC runs are marginal, (T(6k) - T(k)) / 5k, each T the fastest
+of ``--repeats`` runs less the seconds JAX reports compiling in it (NumPyro's
+``MCMC.run`` compiles its sampling loop again on every call), with
+``jit_model_args=True`` when the bar is off; the scans take the data as arguments
+and are compiled once and timed on later calls (median of three).
 """
 
 import argparse
