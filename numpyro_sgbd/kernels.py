@@ -783,14 +783,11 @@ class _SGKernel(MCMCKernel):
         # The search as one compiled function with the data as its arguments:
         # NumPyro's initialize_model runs it op by op, and each op compiled on
         # first use cost about 0.6 s in all.
-        arrays, rebuild, key = split_arrays((model_args, model_kwargs))
-        find = None if key is None else self._init_param_fns.get(key)
-        if find is None:
-            model, strategy = self.model, self._init_strategy
-            prototype = {k: jnp.zeros(v) for k, v in self._z_shapes.items()}
+        model, strategy = self.model, self._init_strategy
+        prototype = {k: jnp.zeros(v) for k, v in self._z_shapes.items()}
 
-            @jax.jit
-            def find(rng_key, arrays):
+        def find(rebuild):
+            def find_from_arrays(rng_key, arrays):
                 args, kwargs = rebuild(arrays)
                 (z, _, _), ok = find_valid_initial_params(
                     rng_key,
@@ -802,9 +799,12 @@ class _SGKernel(MCMCKernel):
                 )
                 return z, jnp.all(ok)
 
-            if key is not None:
-                self._init_param_fns = {key: find}
-        z, ok = find(rng_key, arrays)
+            return find_from_arrays
+
+        fn, arrays = self._jit_over_data(
+            "_init_param_fns", find, model_args, model_kwargs
+        )
+        z, ok = fn(rng_key, arrays)
         # Under chain_method="parallel" this runs inside pmap, where the flag
         # is abstract: NumPyro's own initialisation skips its check there too.
         if not not_jax_tracer(ok) or bool(ok):
@@ -861,26 +861,35 @@ class _SGKernel(MCMCKernel):
             self._sample_fn = self._sample_one
         return state
 
-    def _cached_init(self, model_args, model_kwargs):
-        """The jitted initial-state function for these model arguments.
+    def _jit_over_data(self, cache, make, model_args, model_kwargs):
+        """``(fn, arrays)``: ``jax.jit(make(rebuild))``, whose last argument is the
+        array leaves of the model arguments, and those arrays.
 
-        Array leaves of the arguments are passed to ``jit`` as arguments (data
-        embedded as constants makes XLA compile slowly, and anew for every kernel);
-        the other leaves (ints such as a subsample size) stay static. Compiled once
-        per argument structure and static values.
+        The arrays are passed to ``jit`` as arguments (data embedded as constants
+        makes XLA compile slowly, and anew for every kernel); the other leaves (ints
+        such as a subsample size) stay static, put back by ``rebuild``. The compiled
+        function is kept in the dict attribute named ``cache``, one per argument
+        structure and static values.
         """
         arrays, rebuild, key = split_arrays((model_args, model_kwargs))
-        fn = None if key is None else self._init_fns.get(key)
+        fn = None if key is None else getattr(self, cache).get(key)
         if fn is None:
+            fn = jax.jit(make(rebuild))
+            if key is not None:
+                setattr(self, cache, {key: fn})
+        return fn, arrays
 
-            @jax.jit
+    def _cached_init(self, model_args, model_kwargs):
+        """The jitted initial-state function for these model arguments."""
+
+        def make(rebuild):
             def init_from_arrays(rng_key, z, arrays):
                 args, kwargs = rebuild(arrays)
                 return self._init_state(rng_key, z, args, kwargs)
 
-            fn = init_from_arrays
-            if key is not None:
-                self._init_fns = {key: fn}
+            return init_from_arrays
+
+        fn, arrays = self._jit_over_data("_init_fns", make, model_args, model_kwargs)
         return lambda rng_key, z: fn(rng_key, z, arrays)
 
     def sample(self, state, model_args, model_kwargs):

@@ -75,21 +75,6 @@ class full_batch(Messenger):
             msg["args"] = (size, size)
 
 
-def _split_arrays(tree):
-    """The array leaves of ``tree`` (to pass through ``jit``) and a function that puts
-    them back; other leaves (ints such as a subsample size) stay Python constants."""
-    leaves, treedef = jax.tree.flatten(tree)
-    where = [i for i, v in enumerate(leaves) if isinstance(v, (jax.Array, np.ndarray))]
-
-    def rebuild(arrays):
-        out = list(leaves)
-        for i, a in zip(where, arrays):
-            out[i] = a
-        return jax.tree.unflatten(treedef, out)
-
-    return [leaves[i] for i in where], rebuild
-
-
 def _model_sites(model, model_args, model_kwargs):
     """Latent sample sites, kept deterministic sites and the largest plate size.
 
@@ -174,7 +159,7 @@ def full_batch_scores(model, samples, *model_args, chunk_size=None, **model_kwar
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
     chunk_size = min(chunk_size, m)
     widened = full_batch(model)
-    arrays, rebuild = _split_arrays((model_args, model_kwargs))
+    arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
 
     def one(theta, arrays):
         args, kwargs = rebuild(arrays)
