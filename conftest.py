@@ -1,5 +1,7 @@
 import gc
+import importlib.util
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
@@ -41,3 +43,19 @@ def _release_when_many_mappings():
     yield
     if _num_mappings() > _MAX_MAPPINGS:
         _release_compiled_code()
+
+
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+
+
+@pytest.fixture(scope="session")
+def load_example():
+    """Import ``examples/<name>.py`` as a module (the examples are not a package)."""
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

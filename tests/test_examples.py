@@ -1,22 +1,10 @@
 """The examples, run in-process with their ``--quick`` arguments."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
-
-def load_example(name):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_fertility_quick(tmp_path):
+def test_fertility_quick(tmp_path, load_example):
     """The Fertility demo writes a complete, finite table and a figure, and its
     corrected SGBD agrees with NUTS.
 
@@ -73,7 +61,7 @@ def test_fertility_quick(tmp_path):
     assert sgbd["ess"].min() >= 30, report
 
 
-def test_nogin_mixture_quick(tmp_path):
+def test_nogin_mixture_quick(tmp_path, load_example):
     """The NOGIN paper's mixture experiment: figure and table written, and NOGIN's
     variances closer to NUTS's than SGLD's.
 
@@ -103,7 +91,7 @@ def test_nogin_mixture_quick(tmp_path):
 
 
 def test_nogin_fashion_mnist_is_skipped_with_a_message_without_its_data(
-    tmp_path, capsys
+    tmp_path, capsys, load_example
 ):
     pytest.importorskip("matplotlib")
     pytest.importorskip("pandas")
@@ -118,7 +106,7 @@ def test_nogin_fashion_mnist_is_skipped_with_a_message_without_its_data(
     assert not (tmp_path / "nogin_fashion-mnist.png").exists()
 
 
-def test_control_variates_example_small(tmp_path):
+def test_control_variates_example_small(tmp_path, load_example):
     """The control-variates example at N = 20,000, n = 100, 5,000 steps. Seeds 0-2:
     with control variates xi against the Laplace approximation 0.023-0.049 and
     largest mean error 0.09-0.23 sd (NUTS's own xi 0.016-0.030); plain minibatch
@@ -139,7 +127,7 @@ def test_control_variates_example_small(tmp_path):
         assert bias_cv < 0.5, table
 
 
-def test_skew_normal_quick(tmp_path):
+def test_skew_normal_quick(tmp_path, load_example):
     """Section 4.1 of the SGBD paper at three shapes (20,000 steps x 8 chains per
     configuration): the figure is written, every bias is finite, and the run shows
     the paper's claim (at alpha = 20, SGBD's bias at the larger step is below
@@ -165,7 +153,7 @@ def test_skew_normal_quick(tmp_path):
             assert abs(bias[f"SGBD {variant}", 1.0, step, 20.0]) < 0.15, bias
 
 
-def test_heavy_tailed_noise_quick(tmp_path):
+def test_heavy_tailed_noise_quick(tmp_path, load_example):
     """Supplement C of the SGBD paper at three noise scales: the figure is written,
     every bias is finite, and the run shows the claim (at tau = e^3 - 1, SGBD's
     95th-percentile bias below SGLD's at the larger step, and at both steps under
