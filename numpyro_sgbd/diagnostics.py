@@ -176,7 +176,8 @@ def posterior_ksd(
 
     :param model: the NumPyro model, with its data in subsample plates.
     :param dict samples: ``{site: draws}`` with the draws on the leading axis (as
-        :meth:`MCMC.get_samples` returns them), for every latent sample site.
+        :meth:`MCMC.get_samples() <numpyro.infer.mcmc.MCMC.get_samples>` returns
+        them), for every latent sample site.
     :param model_args: the model's positional arguments (the data).
     :param int num_draws: how many draws enter the discrepancy.
     :param scale: ``None`` (raw coordinates, as the tuning paper) or an array of

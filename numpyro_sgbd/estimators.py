@@ -70,8 +70,8 @@ def resolve_replace(replace, size, subsample_size):
     gradient-noise variance (:func:`noise_variance_factor`), while a draw without
     replacement costs a sort of the n indices, which on a CPU takes longer than the
     minibatch gradient of a small model (31 us against 12 us for n = 1000). Above it,
-    without replacement, as :class:`numpyro.plate` subsamples: its noise is smaller
-    by the factor 1 - n/N.
+    without replacement, as :class:`~numpyro.primitives.plate` subsamples: its noise
+    is smaller by the factor 1 - n/N.
 
     >>> resolve_replace(None, 1_000_000, 1000), resolve_replace(None, 1000, 100)
     (True, False)
@@ -87,7 +87,7 @@ def draw_indices(rng_key, size, subsample_size, *, replace=False):
 
     With ``replace=True`` the indices are i.i.d. uniform (``None``: as
     :func:`resolve_replace` chooses). Without replacement (as
-    :class:`numpyro.plate` itself subsamples), indices are
+    :class:`~numpyro.primitives.plate` itself subsamples), indices are
     drawn with replacement and the duplicates redrawn until all are distinct. The set of
     distinct values of an i.i.d. uniform sequence is a uniform random subset whatever
     the stopping rule that looks only at coincidences, so the result is a uniform

@@ -112,8 +112,9 @@ def _model_sites(model, model_args, model_kwargs):
 def full_batch_scores(model, samples, *model_args, chunk_size=None, **model_kwargs):
     r"""Draws in unconstrained space and the exact full-data score at each.
 
-    For each draw :math:`\theta_k` (constrained, as :meth:`MCMC.get_samples` returns
-    it) this gives :math:`z_k = T^{-1}(\theta_k)` in NumPyro's unconstrained space and
+    For each draw :math:`\theta_k` (constrained, as
+    :meth:`MCMC.get_samples() <numpyro.infer.mcmc.MCMC.get_samples>` returns it) this
+    gives :math:`z_k = T^{-1}(\theta_k)` in NumPyro's unconstrained space and
     :math:`\nabla_z \log\pi(z_k) = -\nabla U(z_k)`, with :math:`U` the potential of
     :class:`full_batch(model) <full_batch>` (prior, Jacobian and all N data points):
     the inputs of :func:`~numpyro_sgbd.ksd`. Draws are processed ``chunk_size`` at a
@@ -428,8 +429,8 @@ def reference_posterior(
         ``laplace=True``).
     :param bool laplace: start at the mode and precondition by the Laplace
         covariance (see above).
-    :param float target_accept_prob: as :class:`~numpyro.infer.NUTS`.
-    :param int max_tree_depth: as :class:`~numpyro.infer.NUTS`.
+    :param float target_accept_prob: as :class:`~numpyro.infer.hmc.NUTS`.
+    :param int max_tree_depth: as :class:`~numpyro.infer.hmc.NUTS`.
     :param cache_dir: a folder for cached references, or ``None`` for no cache.
     :param bool strict: raise instead of warn when a check fails.
     :param bool progress_bar: show NumPyro's progress bar.
