@@ -420,7 +420,7 @@ def parse_args(argv=None):
         "--subsample-size", type=int, default=100, help="minibatch size n"
     )
     parser.add_argument("--step-grid", type=float, nargs="+", default=list(STEP_GRID))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", "--rng-seed", type=int, default=0, dest="seed")
     parser.add_argument("--out", type=Path, default=Path("out"))
     args = parser.parse_args(argv)
     if args.num_samples is None:
