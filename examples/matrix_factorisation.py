@@ -298,9 +298,7 @@ def plot(curves, baseline, path):
 def run_methods(methods, steps, train, test, data, args, rng_key):
     curves = {}
     keys = random.split(rng_key, len(methods))
-    for key, (label, kernel_cls, variant, step) in zip(
-        keys, [(m[0], m[1], m[2], s) for m, s in zip(methods, steps)]
-    ):
+    for key, (label, kernel_cls, variant), step in zip(keys, methods, steps):
         kernel = kernel_cls(
             model,
             step_size=step,
