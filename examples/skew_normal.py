@@ -271,7 +271,7 @@ def parse_args(argv=None):
     parser.add_argument("--num-steps", type=int, default=None)
     parser.add_argument("--num-chains", type=int, default=8)
     parser.add_argument("--thin", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", "--rng-seed", type=int, default=0, dest="seed")
     parser.add_argument("--out", type=Path, default=Path("out"))
     return parser.parse_args(argv)
 
