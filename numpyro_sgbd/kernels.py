@@ -18,6 +18,7 @@ from numpyro.infer.initialization import (
 )
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import (
+    ParamInfo,
     constrain_fn,
     find_valid_initial_params,
     initialize_model,
@@ -222,12 +223,22 @@ def _check_positive_tree(value, name):
 
 def _tree_mean(tree):
     leaves = jax.tree.leaves(tree)
-    total = sum(jnp.sum(x) for x in leaves)
-    return total / sum(jnp.size(x) for x in leaves)
+    size = sum(jnp.size(x) for x in leaves)
+    if size == 0:  # a model with no latent sites
+        return jnp.array(jnp.nan, jnp.result_type(float))
+    return sum(jnp.sum(x) for x in leaves) / size
+
+
+def _has_tracer(tree):
+    """Whether any leaf of ``tree`` is a JAX tracer (abstract, inside a transform)."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
 def _finite(tree):
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+    leaves = jax.tree.leaves(tree)
+    if not leaves:
+        return jnp.array(True)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
 #: Gradient estimators of the SG kernels' ``gradient`` argument.
@@ -509,7 +520,11 @@ class _SGKernel(MCMCKernel):
         self.log_likelihood_indices = None
         self._z_shapes = None
         self._step_size = None
-        self._sample_fn = None
+        self._sample_impl = None
+        # Whether the last `init` saw traced model arguments (a kernel run inside
+        # the user's jax.jit): what it computed from the data is then abstract and
+        # must not outlive that trace (see `_sample_fn`).
+        self._traced_setup = False
         self._init_fns = {}
         self._init_param_fns = {}
         self._diagnostics = (0, "")
@@ -689,10 +704,20 @@ class _SGKernel(MCMCKernel):
                     "seconds": time.perf_counter() - start,
                 }
             else:
+                if _has_tracer((model_args, model_kwargs)):
+                    raise ValueError(
+                        "gradient='control_variates' searches for its centre with "
+                        "the data in hand, but the model arguments are traced (the "
+                        "kernel runs inside jax.jit or another transform). Pass "
+                        "centre={site: value} (e.g. posterior_mode(model, "
+                        "*args).params) or run MCMC outside the transform."
+                    )
                 centre, self.centre_info = _search_centre(
                     plain, self._model, model_args, model_kwargs, self._chunk_size
                 )
                 potential, grad = full(centre)
+            if _has_tracer((potential, grad)):
+                return centre, potential, grad
             self._centre_cache = (key, arrays, (centre, potential, grad))
             # The compiled initial-state function holds the old centre.
             self._init_fns = {}
@@ -759,6 +784,8 @@ class _SGKernel(MCMCKernel):
         return state._replace(centre=centre)
 
     def _initial_params(self, rng_key, init_params, model_args, model_kwargs):
+        if isinstance(init_params, ParamInfo):  # as NumPyro's HMC accepts
+            init_params = init_params.z
         if self._model is None:
             if init_params is None:
                 raise ValueError(
@@ -823,7 +850,13 @@ class _SGKernel(MCMCKernel):
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self._num_warmup = int(num_warmup)
-        self._build(model_args, model_kwargs)
+        self._traced_setup = _has_tracer((model_args, model_kwargs))
+        # Under chain_method="parallel" NumPyro calls `init` inside pmap, and a
+        # kernel may run inside the user's jax.jit: what the kernel keeps on itself
+        # (evaluation indices, hyperparameters, the centre) is computed eagerly
+        # here, so that no tracer outlives the transform.
+        with jax.ensure_compile_time_eval():
+            self._build(model_args, model_kwargs)
         batched = not is_prng_key(rng_key)
         if batched:
             rng_key, key_init = jnp.swapaxes(jax.vmap(random.split)(rng_key), 0, 1)
@@ -838,7 +871,8 @@ class _SGKernel(MCMCKernel):
         )
         if self._model is None and isinstance(one_z, dict):
             shapes = {k: tuple(jnp.shape(v)) for k, v in one_z.items()}
-        self._prepare(shapes, one_z)
+        with jax.ensure_compile_time_eval():
+            self._prepare(shapes, one_z)
         self._batched = batched
 
         def probe_fn(rng_key, z):
@@ -855,11 +889,20 @@ class _SGKernel(MCMCKernel):
         init_one = self._cached_init(model_args, model_kwargs)
         if batched:
             state = jax.vmap(init_one)(rng_key, z)
-            self._sample_fn = jax.vmap(self._sample_one, in_axes=(0, None, None))
+            self._sample_impl = jax.vmap(self._sample_one, in_axes=(0, None, None))
         else:
             state = init_one(rng_key, z)
-            self._sample_fn = self._sample_one
+            self._sample_impl = self._sample_one
         return state
+
+    @property
+    def _sample_fn(self):
+        """The compiled-on-demand step, or ``None`` when :meth:`init` must run
+        (again) first. NumPyro's ``MCMC`` skips ``init`` when resuming from
+        ``post_warmup_state`` unless this is ``None``: after a run inside the user's
+        ``jax.jit`` the kernel's data-derived values belonged to that trace, so
+        ``init`` runs again and rebuilds them (its initial state is discarded)."""
+        return None if self._traced_setup else self._sample_impl
 
     def _jit_over_data(self, cache, make, model_args, model_kwargs):
         """``(fn, arrays)``: ``jax.jit(make(rebuild))``, whose last argument is the
@@ -894,7 +937,7 @@ class _SGKernel(MCMCKernel):
 
     def sample(self, state, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
-        new_state = self._sample_fn(state, model_args, model_kwargs)
+        new_state = self._sample_impl(state, model_args, model_kwargs)
         if self._recentre_every is not None:
             new_state = self._recentre(new_state, model_args, model_kwargs)
         # Once per run: when the first chain stops (vectorized chains share a call).
@@ -937,7 +980,7 @@ class _SGKernel(MCMCKernel):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_sample_fn"] = None
+        state["_sample_impl"] = None
         state["_centre_cache"] = None
         state["_init_fns"] = {}
         state["_init_param_fns"] = {}

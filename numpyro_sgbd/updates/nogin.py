@@ -130,6 +130,8 @@ def nogin_damp(
     """
     d = jnp.shape(p)[0]
     _check_noise(noise, covariance, d)
+    if d == 0:  # nothing to damp (a model without latent sites)
+        return p, jnp.zeros((), p.dtype)
     c = inverse_temperature * step_size**2 / 4.0
     a_plus = 1.0 + lam**2
     inv_mass = 1.0 / jnp.broadcast_to(jnp.asarray(mass, p.dtype), (d,))
