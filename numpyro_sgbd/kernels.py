@@ -10,6 +10,7 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
+import numpyro
 from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.initialization import (
@@ -579,6 +580,12 @@ class _SGKernel(MCMCKernel):
             handlers.seed(recorder, random.key(0)), substitute_fn=init_to_sample
         )
         trace = handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
+        # NumPyro's own check of the model's plates, as NUTS runs it (it warns
+        # when a batch dimension has no plate). Private in NumPyro: skipped where
+        # a version lacks it.
+        validate = getattr(numpyro.util, "_validate_model", None)
+        if validate is not None:
+            validate(trace, plate_warning="loose")
         plates = recorder.plates
         dims = {}
         shapes = {}

@@ -98,14 +98,19 @@ def _run(kernel, *args, num_warmup=50, num_samples=50, key=0, **kwargs):
     return mcmc
 
 
-def _no_tracers(obj):
-    """Assert that nothing ``obj`` keeps in its ``__dict__`` is a JAX tracer."""
+def _no_tracers(obj, depth=2):
+    """Assert that nothing ``obj`` keeps (and, ``depth`` levels down, nothing the
+    objects it keeps keep) is a JAX tracer."""
     leaves = jax.tree.leaves(
         {k: v for k, v in vars(obj).items() if not callable(v)},
         is_leaf=lambda x: isinstance(x, jax.core.Tracer),
     )
     leaked = [x for x in leaves if isinstance(x, jax.core.Tracer)]
     assert not leaked, leaked
+    if depth:
+        for x in leaves:
+            if hasattr(x, "__dict__") and not isinstance(x, (type, jax.Array)):
+                _no_tracers(x, depth - 1)
 
 
 # --------------------------------------------------------------------- chains
@@ -181,7 +186,13 @@ def test_chain_inside_jit(y, kernel_name, chain_method):
 
 @ALL_KERNELS
 def test_kernel_built_outside_jit_runs_inside_it_and_again_outside(y, kernel_name):
-    kernel = KERNELS[kernel_name](normal_model, sd=MU_SD)
+    # With control variates around a given centre the kernel keeps the full-data
+    # gradient there; computed inside jit it is a tracer, which a later resume
+    # outside jit must not use.
+    kernel = KERNELS[kernel_name](
+        normal_model, sd=MU_SD, gradient="control_variates", centre={"mu": 1.0}
+    )
+    outside = _run(kernel, y, key=3, num_samples=100)
 
     @jax.jit
     def draws(rng_key, y):
@@ -190,13 +201,13 @@ def test_kernel_built_outside_jit_runs_inside_it_and_again_outside(y, kernel_nam
         return mcmc.get_samples()["mu"]
 
     inside = draws(random.key(3), y)
-    assert inside.shape == (100,)
-    # The same kernel object, run again outside jit and resumed from its state.
-    mcmc = _run(kernel, y, key=3, num_samples=100)
-    np.testing.assert_allclose(mcmc.get_samples()["mu"], inside, rtol=1e-5)
-    mcmc.post_warmup_state = mcmc.last_state
-    mcmc.run(mcmc.post_warmup_state.rng_key, y)
-    assert mcmc.get_samples()["mu"].shape == (100,)
+    np.testing.assert_allclose(outside.get_samples()["mu"], inside, rtol=1e-5)
+    # Resume outside jit in a new MCMC (so NumPyro traces the step anew).
+    resumed = MCMC(kernel, num_warmup=50, num_samples=60, progress_bar=False)
+    resumed.post_warmup_state = outside.last_state
+    resumed.run(outside.last_state.rng_key, y)
+    assert resumed.get_samples()["mu"].shape == (60,)
+    _no_tracers(kernel)
 
 
 @ALL_KERNELS
@@ -631,6 +642,20 @@ def test_init_params_for_constrained_sites(y, kernel_name):
         # One step of size ~0.2 sd from the given start.
         s = mcmc.get_extra_fields(group_by_chain=True)["z.s"][:, 0]
         np.testing.assert_allclose(s, z["s"], atol=0.1)
+
+
+@ALL_KERNELS
+def test_loose_warning_for_missing_plate(kernel_name):
+    # NumPyro's own check of the model's plates runs as under NUTS.
+    def model(y):
+        x = numpyro.sample("x", dist.Normal(0, 1))
+        with numpyro.plate("N", 10, subsample_size=5) as idx:
+            numpyro.sample("obs", dist.Normal(x, 1), obs=y[:, idx])
+
+    with pytest.warns(UserWarning, match="Missing a plate statement"):
+        _run(
+            KERNELS[kernel_name](model), jnp.ones((5, 10)), num_warmup=2, num_samples=2
+        )
 
 
 # ------------------------------------------------------- no latent sites
