@@ -2,6 +2,7 @@
 
 from collections import namedtuple
 from functools import partial
+import logging
 import time
 import warnings
 
@@ -48,6 +49,8 @@ from numpyro_sgbd.updates import (
 from numpyro_sgbd.updates.barker import INCREMENTS
 
 __all__ = ["Centre", "NOGIN", "NOGINState", "SGBD", "SGLD", "SGState"]
+
+logger = logging.getLogger("numpyro_sgbd")
 
 SGState = namedtuple(
     "SGState",
@@ -541,6 +544,11 @@ class _SGKernel(MCMCKernel):
         """(who needs the noise, how to do without) for error messages."""
         return "", ""
 
+    def _resolve_noise_form(self, noise_form, shapes, plates):
+        """The noise form once z's shapes and the subsample plates are known (NOGIN
+        chooses its covariance form here)."""
+        return noise_form
+
     def _prepare(self, shapes, one_z):
         """Validate the hyperparameters against z's shapes (before compiling)."""
         self._step_size = _per_site(self._step_size_arg, shapes, "step_size")
@@ -624,6 +632,7 @@ class _SGKernel(MCMCKernel):
                 UserWarning,
                 stacklevel=3,
             )
+        noise_form = self._resolve_noise_form(noise_form, shapes, plates)
         if noise_form is not None and len(plates) > 1:
             who, fix = self._noise_needed_by()
             raise ValueError(
@@ -1417,6 +1426,37 @@ def _mean_noise_sd(noise, covariance):
     return jnp.mean(jnp.sqrt(var)) if var.size else jnp.zeros((), noise.dtype)
 
 
+#: Largest noise-covariance matrix (d x d for "full", n x n inside "lowrank") that
+#: ``covariance="auto"`` forms per chain, in bytes of float32.
+MAX_COVARIANCE_BYTES = 2**30
+
+
+def choose_covariance(d, n):
+    """NOGIN's covariance form for ``d`` coordinates and minibatches of ``n``:
+    ``(form, reason)``.
+
+    A step costs :math:`O(dn^2 + n^3)` in the ``"lowrank"`` form (the d x n factor
+    and an n x n solve) and :math:`O(d^2 n + d^3)` in the ``"full"`` form (the d x d
+    matrix and its eigendecomposition), so the low-rank form is the cheaper exactly
+    when n < d. Where the cheaper form's square matrix would pass
+    :data:`MAX_COVARIANCE_BYTES`, ``"diag"`` (:math:`O(dn)`, an approximation) is
+    chosen instead. Without subsampling (n = 0) the noise is zero: ``"diag"``.
+
+    >>> choose_covariance(21, 1000)[0], choose_covariance(1000, 100)[0]
+    ('full', 'lowrank')
+    """
+    if n == 0:
+        return "diag", "no subsample plate: exact gradients, no noise"
+    form, side = ("lowrank", n) if n < d else ("full", d)
+    if 4 * side**2 > MAX_COVARIANCE_BYTES:
+        return "diag", (
+            f"d = {d}, n = {n}: the {form} form's {side} x {side} matrix would take "
+            f"{4 * side**2 / 2**30:.1f} GiB per chain; the diagonal approximation "
+            "instead"
+        )
+    return form, f"d = {d}, n = {n}: O(d n^2 + n^3) against O(d^2 n + d^3) a step"
+
+
 class NOGIN(_SGKernel):
     r"""NOGIN, the noisy gradient integrator (Matthews & Weare).
 
@@ -1445,15 +1485,17 @@ class NOGIN(_SGKernel):
 
     :math:`\Sigma` comes from the minibatch's per-datum gradients (SPEC:
     :math:`\Sigma = CC^\top`, :math:`C = \sqrt{c/(n-1)}(G-\bar G)^\top`), in one of
-    three forms:
+    three forms, chosen by default (``covariance="auto"``) from d and n by
+    :func:`~numpyro_sgbd.kernels.choose_covariance` (the choice is logged to the
+    ``"numpyro_sgbd"`` logger and is :attr:`covariance` after ``init``):
 
-    - ``"lowrank"`` (default): the d x n factor C; the O-step is solved by the
+    - ``"lowrank"``: the d x n factor C; the O-step is solved by the
       Woodbury identity in :math:`O(dn^2 + n^3)` and never forms a d x d matrix. Exact
-      for the minibatch estimate; the choice for d > n (regressions on many features,
-      neural networks, matrix factorisation) and for any d when n is small.
+      for the minibatch estimate; the cheaper form when n < d (regressions on many
+      features, neural networks, matrix factorisation).
     - ``"full"``: the d x d matrix and one symmetric eigendecomposition per step,
-      :math:`O(d^2 n + d^3)`. Same result as ``"lowrank"``; cheaper only when d is
-      small and n > d.
+      :math:`O(d^2 n + d^3)`. Same result as ``"lowrank"``; the cheaper form when
+      n > d.
     - ``"diag"``: only the diagonal, :math:`O(dn)`: the cheap approximation that
       drops the correlations of the noise between coordinates (biased where they
       matter, e.g. correlated features).
@@ -1484,7 +1526,9 @@ class NOGIN(_SGKernel):
         or a dict ``{site: value}`` broadcastable to each site's unconstrained shape.
     :param float inverse_temperature: :math:`\beta > 0` (Algorithm 2); the chain
         targets :math:`\pi^\beta`. Default 1.
-    :param str covariance: ``"lowrank"`` (default), ``"full"`` or ``"diag"``.
+    :param str covariance: ``"auto"`` (default: ``"lowrank"`` when n < d, else
+        ``"full"``, ``"diag"`` where that matrix would pass 1 GiB), ``"lowrank"``,
+        ``"full"`` or ``"diag"``. With ``gradient_fn`` name the form it returns.
     :param bool replace: draw minibatch indices with replacement (as :class:`SGBD`).
     :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
     :param int log_likelihood_size: as for :class:`SGBD`.
@@ -1527,7 +1571,7 @@ class NOGIN(_SGKernel):
         friction=1.0,
         mass=1.0,
         inverse_temperature=1.0,
-        covariance="lowrank",
+        covariance="auto",
         **kwargs,
     ):
         if step_size is not None and (
@@ -1540,9 +1584,15 @@ class NOGIN(_SGKernel):
         _check_positive(friction, "friction")
         _check_positive(inverse_temperature, "inverse_temperature")
         _check_positive_tree(mass, "mass")
-        if covariance not in COVARIANCES:
+        if covariance not in COVARIANCES + ("auto",):
             raise ValueError(
-                f"covariance must be one of {COVARIANCES}, got {covariance!r}."
+                f"covariance must be 'auto' or one of {COVARIANCES}, got "
+                f"{covariance!r}."
+            )
+        if covariance == "auto" and gradient_fn is not None:
+            raise ValueError(
+                "With gradient_fn, name the form of the noise covariance your "
+                f"function returns: covariance= one of {COVARIANCES}."
             )
         super().__init__(
             model, potential_fn, gradient_fn, step_size=step_size, **kwargs
@@ -1550,7 +1600,11 @@ class NOGIN(_SGKernel):
         self._friction = float(friction)
         self._inverse_temperature = float(inverse_temperature)
         self._mass_arg = mass
-        self._covariance = covariance
+        self._covariance_arg = covariance
+        # Exact gradients (potential_fn) have no noise: any form serves.
+        self._covariance = (
+            "diag" if covariance == "auto" and model is None else covariance
+        )
         self._mass = None
 
     @property
@@ -1566,9 +1620,20 @@ class NOGIN(_SGKernel):
 
     @property
     def covariance(self):
+        """The form of the noise covariance: as given, or with
+        ``covariance="auto"`` the form chosen at ``init`` (``"auto"`` before it)."""
         return self._covariance
 
     def _noise_form(self):
+        return self._covariance
+
+    def _resolve_noise_form(self, noise_form, shapes, plates):
+        if self._covariance_arg != "auto":
+            return noise_form
+        d = sum(int(np.prod(shape)) for shape in shapes.values())
+        n = max((m for _, m in plates.values()), default=0)
+        self._covariance, why = choose_covariance(d, n)
+        logger.info("NOGIN: covariance=%r (%s).", self._covariance, why)
         return self._covariance
 
     def _noise_needed_by(self):
