@@ -71,7 +71,11 @@ class full_batch(Messenger):
     def process_message(self, msg):
         if msg["type"] == "plate" and msg["value"] is None:
             size = msg["args"][0]
-            msg["value"] = jnp.arange(size)
+            # A concrete array even under a transform (Predictive vmaps the model
+            # over draws), where jnp.arange would be traced and a model indexing
+            # NumPy data with it (X[idx]) would fail.
+            with jax.ensure_compile_time_eval():
+                msg["value"] = jnp.arange(size)
             msg["args"] = (size, size)
 
 
