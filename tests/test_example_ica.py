@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 
+@pytest.mark.heavy  # pure numerics: CI's Python 3.12 run skips it
 def test_ica_quick(tmp_path, load_example):
     """The quick run (corrected SGBD and vanilla SGLD, step 0.01, T = 3,000 steps
     from W = I, n = 100) writes its figure, every number is finite, and the ergodic
