@@ -25,7 +25,18 @@ from pathlib import Path
 
 import arviz as az
 import numpy as np
+import numpyro
 import xarray as xr
+
+# ArviZ 1.x (arviz_base) imports numpyro lazily. Imported before numpyro, arviz puts
+# a lazy module in its place; if numpyro's first import is then of a submodule
+# (``from numpyro.infer import MCMC``, as this package's modules do), numpyro.infer
+# is executed twice and the copy kept lacks its ``initialization`` attribute, so
+# ``az.from_numpyro`` fails with an AttributeError. Executing numpyro here, before
+# any submodule of it is imported (numpyro_sgbd/__init__.py imports this module
+# first), avoids that; under ArviZ 0.x, or with numpyro already loaded, it is a
+# no-op.
+numpyro.__version__  # an attribute access executes a lazy module
 
 __all__ = [
     "ARVIZ_MAJOR",

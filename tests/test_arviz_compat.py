@@ -2,7 +2,10 @@
 (DataTree). Every test here runs under whichever ArviZ is installed; the suite is run
 under both."""
 
+import os
 from pathlib import Path
+import subprocess
+import sys
 
 import arviz as az
 import numpy as np
@@ -110,3 +113,32 @@ def test_a_non_netcdf_file_is_an_oserror(tmp_path):
     path.write_bytes(b"not HDF5")
     with pytest.raises(OSError):
         _arviz.from_netcdf(path)
+
+
+def test_from_numpyro_works_when_arviz_is_imported_before_the_package():
+    # The import order ruff/isort gives a user's script. Under ArviZ 1.x it used to
+    # leave numpyro.infer without `initialization`, and az.from_numpyro failed.
+    script = """
+import arviz as az
+from numpyro_sgbd import SGLD
+from jax import random
+import numpyro, numpyro.distributions as dist
+from numpyro.infer import MCMC
+
+def model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=5) as idx:
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+mcmc = MCMC(SGLD(model, step_size=0.05), num_warmup=5, num_samples=10,
+            progress_bar=False)
+mcmc.run(random.key(0), random.normal(random.key(1), (20,)))
+assert az.from_numpyro(mcmc).posterior["mu"].shape == (1, 10)
+"""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
