@@ -635,10 +635,12 @@ def _load_cached(path):
         missing = [k for k in _CACHED_ATTRS if k not in idata.posterior.attrs]
         if missing:
             raise ValueError(f"its posterior lacks the attributes {missing}")
-    except (ImportError, OSError, ValueError, KeyError) as err:
+    except Exception as err:
+        # Whatever stops the file from loading (no h5netcdf, not HDF5, truncated,
+        # another layout), sampling again is the answer: say why, and go on.
         warnings.warn(
-            f"The cached reference posterior {path} cannot be read ({err}); "
-            "sampling again and overwriting it.",
+            f"The cached reference posterior {path} cannot be read "
+            f"({type(err).__name__}: {err}); sampling again and overwriting it.",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -651,10 +653,13 @@ def _save_cached(idata, path):
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _arviz.to_netcdf(idata, path)
-    except (ImportError, OSError, ValueError, TypeError) as err:
+    except Exception as err:
+        # The result is in hand: no failure to store it (no h5netcdf, a full disk,
+        # a read-only folder, an attribute HDF5 cannot hold) may lose it.
         warnings.warn(
-            f"The reference posterior could not be cached at {path} ({err}); it is "
-            "returned but will be sampled again next time.",
+            f"The reference posterior could not be cached at {path} "
+            f"({type(err).__name__}: {err}); it is returned but will be sampled "
+            "again next time.",
             RuntimeWarning,
             stacklevel=3,
         )
