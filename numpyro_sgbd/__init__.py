@@ -1,5 +1,7 @@
 """Stochastic-gradient MCMC for any NumPyro model with a subsampled plate."""
 
+# First: numpyro_sgbd._arviz loads numpyro before any of its submodules (see there).
+from numpyro_sgbd import _arviz  # noqa: F401
 from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
 from numpyro_sgbd.diagnostics import ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate

@@ -4,11 +4,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 import warnings
 
-import arviz as az
 import numpy as np
 from numpyro.infer import MCMC
 import pandas as pd
 
+from numpyro_sgbd import _arviz
 from numpyro_sgbd.diagnostics import ksd, unconstrained_draws_and_scores
 from numpyro_sgbd.reference import full_batch
 
@@ -89,10 +89,13 @@ class Comparison:
 
 
 def _is_run(value):
-    return isinstance(value, (MCMC, az.InferenceData, Mapping))
+    return isinstance(value, (MCMC, Mapping)) or _arviz.is_inference_data(value)
 
 
 def _named_runs(candidates):
+    # ArviZ's containers are Mappings of their groups: one run, not a dict of runs.
+    if _arviz.is_inference_data(candidates):
+        return {"run": candidates}
     if (
         isinstance(candidates, Mapping)
         and candidates
@@ -104,8 +107,8 @@ def _named_runs(candidates):
     if isinstance(candidates, (list, tuple)) and candidates:
         return {f"run {i}": run for i, run in enumerate(candidates)}
     raise TypeError(
-        "candidates must be a run (MCMC, InferenceData or a dict of draws), a list "
-        "of runs, or a dict {name: run}; got "
+        "candidates must be a run (MCMC, ArviZ InferenceData or DataTree, or a dict "
+        "of draws), a list of runs, or a dict {name: run}; got "
         f"{type(candidates).__name__}."
     )
 
@@ -127,18 +130,20 @@ def _load(name, run):
             model = model.fn
         source = (model, run._args, run._kwargs) if model is not None else None
         return draws, stats, None, source
-    if isinstance(run, az.InferenceData):
-        if "posterior" not in run.groups():
-            raise ValueError(f"run {name!r}: the InferenceData has no posterior group.")
-        draws = {k: np.asarray(v) for k, v in run.posterior.data_vars.items()}
+    if _arviz.is_inference_data(run):
+        posterior = _arviz.group(run, "posterior")
+        if posterior is None:
+            raise ValueError(f"run {name!r}: the ArviZ data has no posterior group.")
+        draws = {k: np.asarray(v) for k, v in posterior.data_vars.items()}
+        sample_stats = _arviz.group(run, "sample_stats")
         stats = {}
-        if "sample_stats" in run.groups():
+        if sample_stats is not None:
             stats = {
                 k: np.asarray(v)
-                for k, v in run.sample_stats.data_vars.items()
+                for k, v in sample_stats.data_vars.items()
                 if np.ndim(v) == 2
             }
-        seconds = run.posterior.attrs.get("sampling_time")
+        seconds = posterior.attrs.get("sampling_time")
         return draws, stats, None if seconds is None else float(seconds), None
     # A dict of draws, NumPyro's get_samples() layout: draws on the leading axis.
     draws = {k: np.asarray(v)[None] for k, v in run.items()}
@@ -184,12 +189,11 @@ def _draws_and_scores(source, draws, num_draws):
 
 
 def _ess(names, flat):
-    dataset = az.convert_to_dataset({"x": flat})
     out = {}
     for method in ("bulk", "tail"):
-        out[method] = np.asarray(az.ess(dataset, method=method)["x"]).reshape(-1)
+        out[method] = _arviz.ess(flat, method=method).reshape(-1)
     if flat.shape[0] > 1:
-        out["r_hat"] = np.asarray(az.rhat(dataset)["x"]).reshape(-1)
+        out["r_hat"] = _arviz.rhat(flat).reshape(-1)
     else:
         out["r_hat"] = np.full(len(names), np.nan)
     return out
@@ -232,10 +236,13 @@ def compare(
     ``mean_noise_sd``, ``tolerance_exceeded``, ``num_nonfinite``; NUTS's
     ``diverging``) are summarised too. The reference has a row of its own.
 
-    A run is an :class:`~numpyro.infer.mcmc.MCMC` object after ``run``, an
-    :class:`arviz.InferenceData` (its ``posterior.attrs["sampling_time"]``, as
-    :func:`~numpyro_sgbd.reference_posterior` sets it, gives the wall time), or a dict
-    of draws with the draws on the leading axis (as ``mcmc.get_samples()``).
+    A run is an :class:`~numpyro.infer.mcmc.MCMC` object after ``run``, ArviZ data
+    with a ``posterior`` group (an :class:`arviz.InferenceData` from ArviZ 0.x or
+    an :class:`xarray.DataTree` from ArviZ 1.x, as ``az.from_numpyro`` and
+    :func:`~numpyro_sgbd.reference_posterior` return them; its
+    ``posterior.attrs["sampling_time"]``, as :func:`~numpyro_sgbd.reference_posterior`
+    sets it, gives the wall time), or a dict of draws with the draws on the leading
+    axis (as ``mcmc.get_samples()``).
 
     :param candidates: a run, a list of runs, or a dict ``{name: run}``.
     :param reference: the reference run (typically from

@@ -30,6 +30,7 @@ from numpyro.infer.util import (
 )
 from numpyro.primitives import Messenger
 
+from numpyro_sgbd import _arviz
 from numpyro_sgbd.estimators import as_jax_arrays, median_start, split_arrays
 
 __all__ = [
@@ -46,6 +47,16 @@ RHAT_MAX = 1.01
 ESS_PER_CHAIN_MIN = 100
 # Memory budget of one chunk of full_batch_scores, in data rows x draws.
 _CHUNK_ELEMENTS = 4_000_000
+# The posterior attributes _report reads back from a cached reference.
+_CACHED_ATTRS = (
+    "num_chains",
+    "max_rhat",
+    "min_ess_bulk",
+    "min_ess_tail",
+    "num_divergent",
+    "frac_max_tree_depth",
+    "max_tree_depth",
+)
 
 
 class full_batch(Messenger):
@@ -384,7 +395,7 @@ def reference_posterior(
     progress_bar=False,
     **model_kwargs,
 ):
-    r"""The exact posterior of ``model`` by NUTS over all the data, as InferenceData.
+    r"""The exact posterior of ``model`` by NUTS over all the data, as ArviZ data.
 
     NUTS runs on :class:`full_batch(model) <full_batch>`, the same model code with
     every subsample plate widened to its full size. The result is only ground truth
@@ -414,13 +425,16 @@ def reference_posterior(
     float64 (``jax.config.update("jax_enable_x64", True)``) before building the data:
     a float32 Hessian cannot resolve the smallest variances.
 
-    **Cache.** With ``cache_dir`` the result is written there as netCDF (ArviZ's
-    :meth:`~arviz.InferenceData.to_netcdf`) under a key that hashes the model's
-    source code, its default arguments and closure values (and those of the
-    functions it closes over), the data (every array's bytes), all the settings
-    above and the NumPyro and JAX versions. A later call with the same key loads the
-    file instead of sampling. Functions the model calls by global name are not part
-    of the key: after editing one, delete the file or change ``cache_dir``.
+    **Cache.** With ``cache_dir`` the result is written there as netCDF, in ArviZ's
+    layout (one HDF5 group per ArviZ group, through h5netcdf), under a key that
+    hashes the model's source code, its default arguments and closure values (and
+    those of the functions it closes over), the data (every array's bytes), all the
+    settings above and the NumPyro and JAX versions. A later call with the same key
+    loads the file instead of sampling; the ArviZ version is not part of the key,
+    and a file written under ArviZ 0.x loads under 1.x and the other way round. A
+    file that cannot be read is sampled again and overwritten, with a warning.
+    Functions the model calls by global name are not part of the key: after
+    editing one, delete the file or change ``cache_dir``.
 
     :param model: the NumPyro model, with its data in subsample plates.
     :param model_args: the model's positional arguments (the data).
@@ -439,10 +453,12 @@ def reference_posterior(
     :param bool strict: raise instead of warn when a check fails.
     :param bool progress_bar: show NumPyro's progress bar.
     :param model_kwargs: the model's keyword arguments.
-    :return: :class:`arviz.InferenceData` with groups ``posterior`` (latent sites
-        and deterministic sites outside the data plates, constrained) and
-        ``sample_stats`` (``lp``, ``diverging``, ``n_steps``, ``tree_depth``,
-        ``acceptance_rate``, ``step_size``).
+    :return: the installed ArviZ's container, as ``az.from_numpyro`` returns it:
+        an :class:`arviz.InferenceData` under ArviZ 0.x, an
+        :class:`xarray.DataTree` under ArviZ 1.x. Either way ``.posterior`` holds
+        the latent sites and the deterministic sites outside the data plates,
+        constrained, and ``.sample_stats`` holds ``lp``, ``diverging``,
+        ``n_steps``, ``tree_depth``, ``acceptance_rate`` and ``step_size``.
     :raises RuntimeError: with ``strict=True``, when a convergence check fails.
 
     **References**
@@ -466,8 +482,6 @@ def reference_posterior(
     >>> abs(float(idata.posterior["mu"].mean()) - float(y.mean())) < 0.05
     True
     """
-    import arviz as az
-
     _check_count(num_warmup, "num_warmup", 0)
     _check_count(num_samples, "num_samples", 1)
     _check_count(num_chains, "num_chains", 1)
@@ -499,8 +513,8 @@ def reference_posterior(
     if cache_dir is not None:
         key = _cache_key(model, model_args, model_kwargs, settings)
         path = Path(cache_dir) / f"reference-{key}.nc"
-        if path.exists():
-            idata = az.from_netcdf(path)
+        idata = _load_cached(path)
+        if idata is not None:
             _report(idata.posterior.attrs, strict, loaded_from=path)
             return idata
 
@@ -587,45 +601,90 @@ def reference_posterior(
         "acceptance_rate": np.asarray(stats["accept_prob"]),
         "step_size": np.asarray(stats["adapt_state.step_size"]),
     }
-    idata = az.from_dict(
-        posterior={k: np.asarray(v) for k, v in posterior.items()},
-        sample_stats=sample_stats,
+    posterior = {k: np.asarray(v) for k, v in posterior.items()}
+    attrs = _diagnose(
+        {k: posterior[k] for k in latent},
+        sample_stats["diverging"],
+        num_steps,
+        max_tree_depth,
+        num_chains,
     )
-    attrs = _diagnose(idata, latent, num_steps, max_tree_depth, num_chains)
     attrs.update(
         sampling_time=seconds,
         num_warmup=num_warmup,
         laplace=int(laplace),
         dense_mass=int(dense_mass),
     )
-    idata.posterior.attrs.update(attrs)
-    _report(idata.posterior.attrs, strict)
+    _report(attrs, strict)
+    idata = _arviz.from_dict(
+        {"posterior": posterior, "sample_stats": sample_stats},
+        attrs={"posterior": attrs},
+    )
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        idata.to_netcdf(str(path))
+        _save_cached(idata, path)
     return idata
 
 
-def _diagnose(idata, latent, num_steps, max_tree_depth, num_chains):
-    import arviz as az
+def _load_cached(path):
+    """The cached reference at ``path``, or ``None`` to sample (with a warning when
+    a file is there but cannot be used)."""
+    if not path.exists():
+        return None
+    try:
+        idata = _arviz.from_netcdf(path)
+        groups = _arviz.group_names(idata)
+        for name in ("posterior", "sample_stats"):
+            if name not in groups:
+                raise ValueError(f"it has no {name} group")
+        missing = [k for k in _CACHED_ATTRS if k not in idata.posterior.attrs]
+        if missing:
+            raise ValueError(f"its posterior lacks the attributes {missing}")
+    except Exception as err:
+        # Whatever stops the file from loading (no h5netcdf, not HDF5, truncated,
+        # another layout), sampling again is the answer: say why, and go on.
+        warnings.warn(
+            f"The cached reference posterior {path} cannot be read "
+            f"({type(err).__name__}: {err}); sampling again and overwriting it.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return idata
 
-    post = idata.posterior[latent]
-    ess_bulk = az.ess(post, method="bulk")
-    ess_tail = az.ess(post, method="tail")
 
-    def extreme(dataset, fn):
-        values = [np.asarray(dataset[v]).ravel() for v in dataset.data_vars]
+def _save_cached(idata, path):
+    """Write the cache; a failure costs the cache, not the result."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _arviz.to_netcdf(idata, path)
+    except Exception as err:
+        # The result is in hand: no failure to store it (no h5netcdf, a full disk,
+        # a read-only folder, an attribute HDF5 cannot hold) may lose it.
+        warnings.warn(
+            f"The reference posterior could not be cached at {path} "
+            f"({type(err).__name__}: {err}); it is returned but will be sampled "
+            "again next time.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _diagnose(latent, diverging, num_steps, max_tree_depth, num_chains):
+    """Convergence figures of the latent draws ``{name: (chain, draw, ...)}``."""
+
+    def extreme(diagnostic, fn):
+        values = [np.ravel(diagnostic(v)) for v in latent.values()]
         values = np.concatenate(values) if values else np.array([np.nan])
         return float(fn(values)) if np.any(np.isfinite(values)) else float("nan")
 
-    max_rhat = extreme(az.rhat(post), np.nanmax) if num_chains > 1 else float("nan")
+    max_rhat = extreme(_arviz.rhat, np.nanmax) if num_chains > 1 else float("nan")
     # NumPyro counts leapfrog steps; a tree of depth D takes 2^D - 1 of them.
     saturated = float(np.mean(num_steps >= 2**max_tree_depth - 1))
     return dict(
         max_rhat=max_rhat,
-        min_ess_bulk=extreme(ess_bulk, np.nanmin),
-        min_ess_tail=extreme(ess_tail, np.nanmin),
-        num_divergent=int(np.sum(idata.sample_stats["diverging"])),
+        min_ess_bulk=extreme(partial(_arviz.ess, method="bulk"), np.nanmin),
+        min_ess_tail=extreme(partial(_arviz.ess, method="tail"), np.nanmin),
+        num_divergent=int(np.sum(diverging)),
         frac_max_tree_depth=saturated,
         num_chains=num_chains,
         max_tree_depth=max_tree_depth,

@@ -8,7 +8,7 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 import pytest
 
-from numpyro_sgbd import SGLD, Comparison, compare, plot_marginals
+from numpyro_sgbd import SGLD, Comparison, _arviz, compare, plot_marginals
 
 PRIOR_SD = 10.0
 
@@ -32,7 +32,7 @@ def standardised(rng, shape, mean, sd):
 def reference():
     rng = np.random.default_rng(0)
     w = standardised(rng, (2, 1500, 2), np.array([1.0, -3.0]), np.array([0.5, 2.0]))
-    return az.from_dict(posterior={"w": w})
+    return _arviz.from_dict({"posterior": {"w": w}})
 
 
 def test_known_biases_and_xi(reference):
@@ -76,7 +76,8 @@ def test_mismatched_runs_are_errors(reference):
     with pytest.raises(ValueError, match=r"shape \(3,\) in run 'wide'"):
         compare({"wide": {"w": np.ones((100, 3))}}, reference)
     with pytest.raises(ValueError, match="no posterior group"):
-        compare({"a": {"w": w}}, az.from_dict(sample_stats={"lp": np.ones((1, 5))}))
+        stats_only = _arviz.from_dict({"sample_stats": {"lp": np.ones((1, 5))}})
+        compare({"a": {"w": w}}, stats_only)
     with pytest.raises(ValueError, match="like the reference"):
         compare({"reference": {"w": w}}, reference)
     with pytest.raises(TypeError, match="candidates must be"):
@@ -146,6 +147,42 @@ def test_ksd_and_sampler_stats_from_an_mcmc_run():
             model=two_sites,
             model_args=(y,),
         )
+
+
+def test_arviz_data_from_numpyro_is_a_run_like_the_mcmc(tmp_path):
+    # az.from_numpyro gives InferenceData under ArviZ 0.x and a DataTree under 1.x;
+    # both are Mappings of their groups, which must not be taken for a dict of runs.
+    y = 1.0 + random.normal(random.key(5), (200,))
+    mcmc = MCMC(
+        SGLD(gaussian_model, step_size=0.02, variant="corrected"),
+        num_warmup=100,
+        num_samples=300,
+        num_chains=2,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    mcmc.run(random.key(6), y)
+    idata = az.from_numpyro(mcmc)
+    exact = {"mu": np.random.default_rng(7).normal(float(y.mean()), 0.07, 2000)}
+    by_mcmc = compare({"sgld": mcmc}, exact, ksd_draws=0)
+    expected = by_mcmc.per_parameter.loc["sgld"]
+    for table, name in [
+        (compare(idata, exact, ksd_draws=0), "run"),
+        (compare({"sgld": idata}, exact, ksd_draws=0), "sgld"),
+        (compare([idata], exact, ksd_draws=0), "run 0"),
+    ]:
+        assert list(table.summary.index) == ["reference", name]
+        got = table.per_parameter.loc[name]
+        np.testing.assert_allclose(got.values, expected.values, rtol=1e-6)
+        # The sampler statistics come from sample_stats.
+        assert table.summary.loc[name, "mean_noise_sd"] == pytest.approx(
+            by_mcmc.summary.loc["sgld", "mean_noise_sd"]
+        )
+    # As the reference too, and in plot_marginals.
+    table = compare({"exact": exact}, idata, ksd_draws=0)
+    assert table.summary.loc["reference", "num_draws"] == 600
+    path = plot_marginals(idata, idata, tmp_path / "m.png")
+    assert path.stat().st_size > 5_000
 
 
 def test_standardised_ksd_ranks_collapsed_draws_last():

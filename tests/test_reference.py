@@ -1,5 +1,9 @@
 """full_batch: the exact full-data potential and posterior of the same model code."""
 
+from pathlib import Path
+import shutil
+import warnings
+
 import arviz as az
 import jax
 from jax import random
@@ -12,6 +16,7 @@ from numpyro.infer.util import potential_energy
 import pytest
 
 from numpyro_sgbd import (
+    _arviz,
     full_batch,
     full_batch_scores,
     posterior_mode,
@@ -229,6 +234,77 @@ def test_reference_posterior_cache_hit_and_miss_on_new_data(tmp_path):
     calls.clear()
     reference_posterior(model, y, **{**settings, "num_samples": 501})
     assert calls  # the settings are part of the key too
+
+
+def _traced_model(y):
+    _TRACES.append(1)
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=5) as idx:
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+
+def _cached_reference(tmp_path, **settings):
+    """Sample a small reference into tmp_path; return (its cache file, settings).
+
+    Too short to be trusted: the callers ignore that warning."""
+    settings = dict(num_warmup=50, num_samples=50, cache_dir=tmp_path, **settings)
+    reference_posterior(_traced_model, jnp.ones(30), **settings)
+    (path,) = tmp_path.glob("*.nc")
+    return path, settings
+
+
+@pytest.mark.filterwarnings("ignore:The NUTS reference posterior is not trustworthy")
+@pytest.mark.parametrize("written_by", ["arviz0", "arviz1"])
+def test_a_cache_written_under_either_arviz_version_loads(tmp_path, written_by):
+    # reference-arviz0.nc: InferenceData.to_netcdf of the code before ArviZ 1.x
+    # support, under ArviZ 0.23; reference-arviz1.nc: this code under ArviZ 1.3.
+    path, settings = _cached_reference(tmp_path)
+    fixture = Path(__file__).parent / "data" / f"reference-{written_by}.nc"
+    shutil.copy(fixture, path)
+    _TRACES.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # neither unreadable nor bad
+        idata = reference_posterior(_traced_model, jnp.ones(30), **settings)
+    assert not _TRACES  # loaded, not sampled
+    assert _arviz.is_inference_data(idata)
+    assert idata.posterior["mu"].shape == (2, 1000)  # the fixture's draws
+    assert idata.posterior.attrs["trustworthy"] == 1
+    assert float(idata.sample_stats["n_steps"].mean()) >= 1
+
+
+@pytest.mark.filterwarnings("ignore:The NUTS reference posterior is not trustworthy")
+@pytest.mark.parametrize("content", ["not netCDF", "no attributes"])
+def test_an_unusable_cache_file_is_sampled_again_with_a_warning(tmp_path, content):
+    path, settings = _cached_reference(tmp_path)
+    if content == "not netCDF":
+        path.write_bytes(b"half a file")
+    else:
+        draws = {"mu": np.zeros((2, 50))}
+        stats = {"diverging": np.zeros((2, 50), bool)}
+        _arviz.to_netcdf(
+            _arviz.from_dict({"posterior": draws, "sample_stats": stats}), path
+        )
+    _TRACES.clear()
+    with pytest.warns(RuntimeWarning, match="cannot be read.*sampling again"):
+        idata = reference_posterior(_traced_model, jnp.ones(30), **settings)
+    assert _TRACES and idata.posterior["mu"].shape == (2, 50)
+    _TRACES.clear()
+    again = _arviz.from_netcdf(path)  # overwritten with the new draws
+    np.testing.assert_array_equal(again.posterior["mu"], idata.posterior["mu"])
+
+
+@pytest.mark.filterwarnings("ignore:The NUTS reference posterior is not trustworthy")
+def test_a_failed_cache_write_warns_and_returns_the_result(tmp_path, monkeypatch):
+    def no_engine(data, path):
+        raise ImportError("No module named 'h5netcdf'")
+
+    monkeypatch.setattr(_arviz, "to_netcdf", no_engine)
+    with pytest.warns(RuntimeWarning, match="could not be cached.*h5netcdf"):
+        idata = reference_posterior(
+            _traced_model, jnp.ones(30), num_samples=50, cache_dir=tmp_path
+        )
+    assert idata.posterior["mu"].shape == (2, 50)
+    assert not list(tmp_path.glob("*.nc"))
 
 
 def test_cache_key_sees_closure_values_not_only_source():
