@@ -119,6 +119,7 @@ def test_control_variates_example_small(tmp_path, load_example):
     rows = experiment.main(args + ["--out", str(tmp_path)])
 
     assert (tmp_path / "control_variates.csv").stat().st_size > 0
+    assert (tmp_path / "control_variates.png").stat().st_size > 0
     table = {row[0]: row[1:] for row in rows}
     for kernel in ("SGBD", "SGLD"):
         _, _, _, xi_cv, bias_cv = table[f"{kernel} corrected, control_variates"]
