@@ -567,8 +567,10 @@ class _SGKernel(MCMCKernel):
         ``az.from_numpyro`` uses it for ``observed_data`` and ``log_likelihood``:
         both then hold the fixed evaluation subset of the data (of
         ``log_likelihood_size`` points, by default the plate's ``subsample_size``),
-        not all N points, so they cost O(n * num_samples) memory. ``None`` for
-        kernels built from ``potential_fn`` or ``gradient_fn``.
+        not all N points, so they cost O(n * num_samples) memory (ArviZ 1.x builds
+        ``log_likelihood`` only with ``az.from_numpyro(mcmc, log_likelihood=True)``).
+        For predictions over all rows use ``Predictive(full_batch(model), ...)``.
+        ``None`` for kernels built from ``potential_fn`` or ``gradient_fn``.
         """
         if self._model is None or not self.log_likelihood_indices:
             return self._model
