@@ -19,7 +19,8 @@ from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import substitute
 from numpyro.infer.initialization import init_to_median
 from numpyro.infer.util import _unconstrain_reparam, log_density
-from numpyro.primitives import Messenger
+
+from numpyro_sgbd.handlers import fix_plates
 
 __all__ = [
     "ControlVariateEstimator",
@@ -147,21 +148,6 @@ def noise_variance_factor(size, subsample_size, *, replace=False):
     """
     n = subsample_size
     return float(n) if resolve_replace(replace, size, n) else n * (1.0 - n / size)
-
-
-class _fix_plates(Messenger):
-    """Give each plate named in ``indices`` those indices: the plate's scale is then
-    N / len(indices), whatever its ``subsample_size``."""
-
-    def __init__(self, fn, indices):
-        self.indices = indices
-        super().__init__(fn)
-
-    def process_message(self, msg):
-        if msg["type"] == "plate" and msg["name"] in self.indices:
-            idx = self.indices[msg["name"]]
-            msg["value"] = idx
-            msg["args"] = (msg["args"][0], jnp.shape(idx)[0])
 
 
 def _finite_tree(tree):
@@ -350,7 +336,7 @@ class MinibatchEstimator:
         array of any length m gives its plate the scale N / m. The terms are formed
         where ``with_terms`` (default: where the noise is estimated).
         """
-        model = _fix_plates(self.model, indices)
+        model = fix_plates(self.model, indices)
         model = substitute(model, substitute_fn=partial(_unconstrain_reparam, z))
         log_joint, trace = log_density(model, model_args, model_kwargs, {})
         with_terms = self.noise if with_terms is None else with_terms
