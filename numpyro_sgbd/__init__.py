@@ -5,14 +5,10 @@ from numpyro_sgbd import _arviz  # noqa: F401
 from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
 from numpyro_sgbd.diagnostics import ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
+from numpyro_sgbd.handlers import full_batch
 from numpyro_sgbd.kernels import NOGIN, SGBD, SGLD, Centre, NOGINState, SGState
-from numpyro_sgbd.reference import (
-    PosteriorMode,
-    full_batch,
-    full_batch_scores,
-    posterior_mode,
-    reference_posterior,
-)
+from numpyro_sgbd.modes import PosteriorMode, posterior_mode
+from numpyro_sgbd.reference import full_batch_scores, reference_posterior
 
 __version__ = "0.1.0"
 

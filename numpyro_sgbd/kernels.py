@@ -25,7 +25,6 @@ from numpyro.infer.util import (
     find_valid_initial_params,
     initialize_model,
 )
-from numpyro.primitives import Messenger
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
 from numpyro_sgbd.estimators import (
@@ -33,10 +32,10 @@ from numpyro_sgbd.estimators import (
     CustomEstimator,
     MinibatchEstimator,
     PotentialEstimator,
-    as_jax_arrays,
-    median_start,
     split_arrays,
 )
+from numpyro_sgbd.handlers import SubsamplePlates
+from numpyro_sgbd.modes import check_mode, find_mode, full_data_objective
 from numpyro_sgbd.updates import (
     COVARIANCES,
     VARIANTS,
@@ -139,27 +138,6 @@ def _warn_nonfinite(i):
         RuntimeWarning,
         stacklevel=2,
     )
-
-
-class _SubsamplePlates(Messenger):
-    """Records subsample plates and gives them cheap prototype indices 0..n-1."""
-
-    def __init__(self, fn=None):
-        self.plates = {}
-        super().__init__(fn)
-
-    def process_message(self, msg):
-        if msg["type"] != "plate" or msg["value"] is not None:
-            return
-        size, n = msg["args"]
-        if n > size:
-            raise ValueError(
-                f"numpyro.plate('{msg['name']}', {size}, subsample_size={n}): "
-                "subsample_size must be smaller than the plate size; drop "
-                "subsample_size (or make it < size) for this plate."
-            )
-        self.plates[msg["name"]] = (size, n)
-        msg["value"] = jnp.arange(n)
 
 
 def _check_positive(value, where):
@@ -295,127 +273,27 @@ def _unconstrained_centre(centre, trace, shapes):
     return out
 
 
-def _search_centre(
-    estimator, model, model_args, model_kwargs, chunk_size, max_iter=500, max_restarts=5
-):
-    """The full-data mode by BFGS (``jax.scipy.optimize``) on the potential that
-    ``estimator.full_data`` sums in chunks, from ``init_to_median``; returns
-    ``(centre, info)``, warns if it did not converge and raises if it diverged.
-    Prints a one-line report. The data are arguments of the compiled search."""
-    start = time.perf_counter()
-    run, arrays = estimator.full_data_parts(model_args, model_kwargs, chunk_size)
-    _, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
-    z0, unravel = ravel_pytree(median_start(model, arrays, rebuild))
-
-    @jax.jit
-    def minimize(x, scale, arrays):
-        """BFGS over u, z = x + scale @ u, from u = 0: its initial inverse
-        Hessian, the identity in u, is scale @ scale.T in z."""
-
-        # The gradient of the chunked potential is its own (a scan's reverse
-        # mode would keep every chunk's residuals: O(N d) memory).
-        @jax.custom_vjp
-        def potential(u):
-            return run(unravel(x + scale @ u), arrays)[0]
-
-        def fwd(u):
-            value, grad = run(unravel(x + scale @ u), arrays)
-            return value, scale.T @ ravel_pytree(grad)[0]
-
-        potential.defvjp(fwd, lambda g, t: (t * g,))
-        result = jax.scipy.optimize.minimize(
-            potential,
-            jnp.zeros_like(x),
-            method="BFGS",
-            options={"maxiter": max_iter, "line_search_maxiter": 60},
-        )
-        # g' H^-1 g in z equals its value in u.
-        decrement = result.jac @ result.hess_inv @ result.jac
-        new_scale = scale @ jnp.linalg.cholesky(result.hess_inv)
-        new_scale = jnp.where(jnp.all(jnp.isfinite(new_scale)), new_scale, scale)
-        return x + scale @ result.x, result, decrement, new_scale
-
-    @jax.jit
-    def curvature(x, arrays):
-        """The potential's Hessian diagonal at x, one Hessian-vector product per
-        coordinate (d passes over the data, one at a time)."""
-
-        def grad(x):
-            return ravel_pytree(run(unravel(x), arrays)[1])[0]
-
-        def entry(e):
-            return jax.jvp(grad, (x,), (e,))[1] @ e
-
-        return jax.lax.map(entry, jnp.eye(x.shape[0], dtype=x.dtype))
-
-    x, iterations = z0, 0
-    # BFGS starts with the identity as inverse Hessian and jax's float32 line
-    # search fails on steps far below or above 1, so BFGS runs in units of the
-    # curvature at the start: z = x + u / sqrt(|H_jj|). (The identity in z would
-    # step by the whole gradient, about N times too far for N data points.)
-    diag = np.abs(np.asarray(curvature(x, arrays)))
-    ok = np.isfinite(diag) & (diag > 0)
-    diag = np.where(ok, diag, np.max(diag[ok], initial=1.0))
-    scale = jnp.diag(jnp.asarray(1 / np.sqrt(diag), z0.dtype))
-    # jax's BFGS line search can stop early; a restart from where it stopped,
-    # with BFGS's inverse Hessian so far as the new variables' identity, usually
-    # carries on.
-    for _ in range(max_restarts + 1):
-        new_x, result, decrement, scale = minimize(x, scale, arrays)
-        iterations += int(result.nit)
-        moved = not bool(jnp.all(new_x == x))
-        x = new_x
-        value, grad = run(unravel(x), arrays)
-        flat_grad = ravel_pytree(grad)[0]
-        # Squared Newton decrement g' H^-1 g with BFGS's inverse Hessian: about
-        # the squared distance to the mode in posterior sds. In float32 the
-        # gradient of a large-N potential never meets an absolute tolerance; this
-        # scale-free test does.
-        decrement = float(decrement)
-        converged = bool(result.success) or 0 <= decrement < 1e-2
-        if converged or not moved or not np.isfinite(decrement):
-            break
-    grad_norm = float(jnp.max(jnp.abs(flat_grad)))
-    seconds = time.perf_counter() - start
-    report = {
-        "centre": unravel(x),
-        "source": "BFGS",
-        "iterations": iterations,
-        "potential": float(value),
-        "max_abs_grad": grad_norm,
-        "newton_decrement": decrement,
-        "converged": converged,
-        "seconds": seconds,
-    }
-    print(
-        f"control variates: centre by BFGS on the full-data potential, "
-        f"{report['iterations']} iterations, U = {report['potential']:.6g}, "
-        f"max |grad U| = {grad_norm:.3g}, g'H^-1g = {decrement:.2g}, {seconds:.1f} s"
+def _search_centre(model, model_args, model_kwargs, chunk_size):
+    """The full-data mode by :func:`~numpyro_sgbd.modes.find_mode` (Newton-CG on the
+    chunked potential, from ``init_to_median``): ``(centre, info)``. Raises if the
+    search diverged or stopped a posterior sd or more from a mode, warns if it
+    stopped closer than that without converging; logs its report."""
+    objective = full_data_objective(
+        model, model_args, model_kwargs, chunk_size=chunk_size
     )
-    if not (np.isfinite(report["potential"]) and np.isfinite(decrement)):
-        raise ValueError(
-            "The mode search for the control variates' centre diverged (non-finite "
-            "potential or gradient). Pass centre={site: value} (e.g. "
-            "posterior_mode(model, *args).params), or check the model's priors."
-        )
-    if not report["converged"] and not decrement < 1:
-        raise ValueError(
-            "The mode search for the control variates' centre stopped after "
-            f"{report['iterations']} BFGS iterations far from any mode (g'H^-1g = "
-            f"{decrement:.3g}, max |grad U| = {grad_norm:.3g}): the posterior may "
-            "have no mode (an improper prior?). Pass centre={site: value}."
-        )
-    if not report["converged"]:
-        warnings.warn(
-            f"The mode search for the control variates' centre stopped after "
-            f"{report['iterations']} BFGS iterations without converging (max "
-            f"|grad U| = {grad_norm:.3g}). The estimate stays unbiased, but its "
-            "noise is larger away from the mode; pass centre={site: value} for a "
-            "better one.",
-            UserWarning,
-            stacklevel=4,
-        )
-    return unravel(x), report
+    x, info = find_mode(objective, what="control variates' centre")
+    centre = objective.unravel(x)
+    check_mode(
+        info,
+        objective.unravel,
+        "control variates' centre",
+        "The estimate stays unbiased, but its noise grows away from the mode: pass "
+        "centre={site: value} (e.g. posterior_mode(model, *args).params), or check "
+        "the model's priors.",
+        stacklevel=6,
+    )
+    report = {k: v for k, v in info.items() if k not in ("hessian_diag", "worst")}
+    return centre, {"centre": centre, "source": "Newton-CG", **report}
 
 
 class _SGKernel(MCMCKernel):
@@ -585,7 +463,7 @@ class _SGKernel(MCMCKernel):
             else:
                 self._estimator = CustomEstimator(self._gradient_fn)
             return
-        recorder = _SubsamplePlates(self._model)
+        recorder = SubsamplePlates(self._model)
         prototype = handlers.substitute(
             handlers.seed(recorder, random.key(0)), substitute_fn=init_to_sample
         )
@@ -731,7 +609,7 @@ class _SGKernel(MCMCKernel):
                         "*args).params) or run MCMC outside the transform."
                     )
                 centre, self.centre_info = _search_centre(
-                    plain, self._model, model_args, model_kwargs, self._chunk_size
+                    self._model, model_args, model_kwargs, self._chunk_size
                 )
                 potential, grad = full(centre)
             if _has_tracer((potential, grad)):
@@ -1236,12 +1114,13 @@ class SGBD(_FirstOrderKernel):
         computed once, in chunks. Needs a model with one subsample plate.
     :param dict centre: the control variates' centre, constrained values by site
         (as ``mcmc.get_samples()`` or :func:`~numpyro_sgbd.posterior_mode` give).
-        Default: the full-data mode, found by BFGS on the chunked full-data
-        potential from ``init_to_median``, in units of the curvature there (d
-        Hessian-vector products, then a few full-data gradients per iteration; a
-        one-line report is printed; it warns if the search stops near but not at a
-        mode and raises if it ends far from any); the result is in
-        :attr:`centre_info`.
+        Default: the full-data mode, found as :func:`~numpyro_sgbd.posterior_mode`
+        finds it (Newton-CG on the chunked full-data potential from
+        ``init_to_median``, a few full-data gradients per iteration and d
+        Hessian-vector products at the end; a one-line report is logged to the
+        ``numpyro_sgbd`` logger; it warns if the search stops within a posterior
+        sd of a mode without converging and raises if it ends farther); the
+        result is in :attr:`centre_info`.
     :param int chunk_size: data rows per chunk of the full-data computations at the
         centre (default 4096): memory O(chunk_size x d), whatever N.
     :param int recentre_every: with control variates, move the centre during

@@ -3,8 +3,8 @@
 :class:`full_batch` widens the plates; :func:`reference_posterior` runs NUTS on the
 widened model, checks that it converged and caches the draws on disk;
 :func:`full_batch_scores` evaluates the exact score at draws of any run, for the
-kernel Stein discrepancy; :func:`posterior_mode` finds the full-data mode and the
-curvature there, a starting point and a mass matrix for the SG kernels.
+kernel Stein discrepancy. (:func:`~numpyro_sgbd.modes.posterior_mode`, re-exported
+here, lives in :mod:`numpyro_sgbd.modes`.)
 """
 
 from functools import partial
@@ -12,12 +12,10 @@ import hashlib
 import inspect
 from pathlib import Path
 import time
-from typing import NamedTuple
 import warnings
 
 import jax
 from jax import random
-from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -28,10 +26,18 @@ from numpyro.infer.util import (
     potential_energy,
     unconstrain_fn,
 )
-from numpyro.primitives import Messenger
 
 from numpyro_sgbd import _arviz
-from numpyro_sgbd.estimators import as_jax_arrays, median_start, split_arrays
+from numpyro_sgbd.estimators import as_jax_arrays, split_arrays
+from numpyro_sgbd.handlers import full_batch
+from numpyro_sgbd.modes import (
+    PosteriorMode,
+    check_mode,
+    find_mode,
+    full_data_objective,
+    hessian,
+    posterior_mode,
+)
 
 __all__ = [
     "PosteriorMode",
@@ -57,37 +63,6 @@ _CACHED_ATTRS = (
     "frac_max_tree_depth",
     "max_tree_depth",
 )
-
-
-class full_batch(Messenger):
-    """Widen every subsample plate of ``fn`` to its full size.
-
-    Inside the handler, ``numpyro.plate(name, N, subsample_size=n)`` yields the indices
-    ``0..N-1`` and applies no ``N/n`` scale, so the potential of ``full_batch(model)``
-    is the exact full-data potential of the same model code, and
-    ``MCMC(NUTS(full_batch(model)))`` samples the exact posterior.
-
-    :param fn: a NumPyro model.
-
-    >>> import jax, numpyro, numpyro.distributions as dist
-    >>> from numpyro import handlers
-    >>> def model():
-    ...     with numpyro.plate("data", 10, subsample_size=3) as idx:
-    ...         numpyro.deterministic("idx", idx)
-    >>> tr = handlers.trace(full_batch(model)).get_trace()
-    >>> tr["idx"]["value"].tolist() == list(range(10))
-    True
-    """
-
-    def process_message(self, msg):
-        if msg["type"] == "plate" and msg["value"] is None:
-            size = msg["args"][0]
-            # A concrete array even under a transform (Predictive vmaps the model
-            # over draws), where jnp.arange would be traced and a model indexing
-            # NumPy data with it (X[idx]) would fail.
-            with jax.ensure_compile_time_eval():
-                msg["value"] = jnp.arange(size)
-            msg["args"] = (size, size)
 
 
 def _model_sites(model, model_args, model_kwargs):
@@ -244,118 +219,17 @@ def _cache_key(model, model_args, model_kwargs, settings):
     return h.hexdigest()[:20]
 
 
-def _flat_potential(rng_key, model, model_args, model_kwargs):
-    """``(z0, unravel, potential, arrays)``: NumPyro's ``init_to_median`` start as
-    a flat unconstrained vector, its inverse flattening, the model's potential
-    ``potential(z, arrays)`` of a flat vector and the array leaves of the model
-    arguments (passed to compiled functions as arguments, not embedded in them)."""
+def _flat_potential(model, model_args, model_kwargs, unravel):
+    """``(potential, arrays)``: the model's potential ``potential(z, arrays)`` of a
+    flat unconstrained vector, and the array leaves of the model arguments (passed
+    to compiled functions as arguments, not embedded in them)."""
     arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
-    z0, unravel = ravel_pytree(median_start(model, arrays, rebuild, rng_key))
 
     def potential(z, arrays):
         args, kwargs = rebuild(arrays)
         return potential_energy(model, args, kwargs, unravel(z))
 
-    return z0, unravel, potential, arrays
-
-
-def _find_mode(potential, z0, arrays, *, max_iter=200):
-    """Posterior mode and Hessian there, by damped Newton (Levenberg-Marquardt).
-
-    Works on the flattened unconstrained vector; the damping makes it a gradient step
-    far from the mode, where the Hessian need not be positive definite.
-    """
-    value_and_grad = partial(jax.jit(jax.value_and_grad(potential)), arrays=arrays)
-    hessian = partial(jax.jit(jax.hessian(potential)), arrays=arrays)
-    z = z0
-    value, grad = value_and_grad(z)
-    if not (np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))):
-        raise ValueError(
-            "The potential or its gradient is not finite at the init_to_median "
-            f"start (U = {float(value)}): check the model's priors and data."
-        )
-    damping = 1e-3
-    for _ in range(max_iter):
-        h = np.asarray(hessian(z), np.float64)
-        g = np.asarray(grad, np.float64)
-        h = 0.5 * (h + h.T)
-        scale = np.maximum(np.abs(np.diag(h)), 1e-12)
-        improved = False
-        for _ in range(40):
-            try:
-                step = np.linalg.solve(h + damping * np.diag(scale), g)
-            except np.linalg.LinAlgError:
-                damping *= 10.0
-                continue
-            z_new = z - jnp.asarray(step, z.dtype)
-            new_value, new_grad = value_and_grad(z_new)
-            if np.isfinite(float(new_value)) and float(new_value) <= float(value):
-                improved = True
-                break
-            damping *= 10.0
-        if not improved:
-            break
-        decrease = float(value) - float(new_value)
-        z, value, grad = z_new, new_value, new_grad
-        damping = max(damping / 10.0, 1e-12)
-        if decrease <= 1e-7 * max(1.0, abs(float(value))) and np.max(
-            np.abs(step)
-        ) <= 1e-6 * (1.0 + float(jnp.max(jnp.abs(z)))):
-            break
-    return z, np.asarray(hessian(z), np.float64)
-
-
-class PosteriorMode(NamedTuple):
-    """Result of :func:`posterior_mode`."""
-
-    #: The mode, constrained values by site: pass to ``init_to_value(values=...)``.
-    params: dict
-    #: The diagonal of the Hessian of the full-data potential at the mode, on the
-    #: unconstrained scale, by site (shapes of the unconstrained sites).
-    hessian_diag: dict
-
-
-def posterior_mode(model, *model_args, rng_key=None, max_iter=200, **model_kwargs):
-    """The full-data posterior mode, and the potential's curvature there.
-
-    Runs ``full_batch(model)`` (every subsample plate widened to the full data) and
-    minimises its potential on the unconstrained scale by damped Newton steps, from
-    NumPyro's ``init_to_median``. The potential includes the Jacobians of the
-    constraining transforms, so this is the mode of the unconstrained density, which
-    the kernels sample.
-
-    Its use is to start and precondition an SG chain. NOGIN with
-    ``mass=hessian_diag`` moves in posterior-sd units (a step of 0.1 to 0.5 is then
-    reasonable), and must start near the posterior (see :class:`NOGIN`); for SGBD
-    and SGLD, ``step_size={site: c / sqrt(h)}`` with ``h = hessian_diag[site]``
-    gives every coordinate the step c in its own sd. One Hessian of the full data is
-    formed, d x d: fine for thousands of parameters, not for millions.
-
-    :param model: a NumPyro model (its subsample plates are widened).
-    :param model_args, model_kwargs: the model's arguments.
-    :param rng_key: for ``init_to_median``'s draws (default ``random.key(0)``).
-    :param int max_iter: Newton steps at most.
-    :return: :class:`PosteriorMode` ``(params, hessian_diag)``.
-    :raises ValueError: if the Hessian at the point found has a non-positive
-        diagonal entry (not a mode; the model may be improper).
-    """
-    rng_key = random.key(0) if rng_key is None else rng_key
-    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
-    widened = full_batch(model)
-    z0, unravel, flat_potential, arrays = _flat_potential(
-        rng_key, widened, model_args, model_kwargs
-    )
-    mode, hess = _find_mode(flat_potential, z0, arrays, max_iter=max_iter)
-    diag = np.diag(hess)
-    if not np.all(np.isfinite(diag) & (diag > 0)):
-        raise ValueError(
-            "posterior_mode: the Hessian of the potential at the point found has "
-            f"diagonal {diag}, not all positive: not a mode. The posterior may be "
-            "improper, or the search failed from init_to_median; raise max_iter."
-        )
-    params = constrain_fn(widened, model_args, model_kwargs, unravel(mode))
-    hessian_diag = unravel(jnp.asarray(diag, mode.dtype))
-    return PosteriorMode(params, hessian_diag)
+    return potential, arrays
 
 
 def _laplace_map(hess):
@@ -545,11 +419,22 @@ def reference_posterior(
         samples = mcmc.get_samples(group_by_chain=True)
         posterior = {name: samples[name] for name in kept}
     else:
-        z0, unravel, flat_potential, arrays = _flat_potential(
-            key_init, widened, model_args, model_kwargs
+        objective = full_data_objective(
+            model, model_args, model_kwargs, rng_key=key_init
         )
-        mode, hess = _find_mode(flat_potential, z0, arrays)
-        w = _laplace_map(hess)
+        mode, info = find_mode(objective, what="reference_posterior(laplace=True)")
+        check_mode(
+            info,
+            objective.unravel,
+            "reference_posterior(laplace=True)",
+            "Use laplace=False, or check the model's priors.",
+            stacklevel=4,
+        )
+        w = _laplace_map(hessian(objective.hvp, mode))
+        unravel = objective.unravel
+        flat_potential, arrays = _flat_potential(
+            widened, model_args, model_kwargs, unravel
+        )
         loc, w_jax = mode, jnp.asarray(w, mode.dtype)
 
         def whitened_potential(u):

@@ -278,7 +278,7 @@ def test_parallel_control_variates_end_to_end(y, kernel_name):
         chain_method="parallel",
     )
     _no_tracers(mcmc.sampler)
-    assert mcmc.sampler.centre_info["source"] == "BFGS"
+    assert mcmc.sampler.centre_info["source"] == "Newton-CG"
     mcmc.post_warmup_state = mcmc.last_state
     mcmc.run(mcmc.post_warmup_state.rng_key, y)
     assert mcmc.get_samples(group_by_chain=True)["mu"].shape == (2, 100)
