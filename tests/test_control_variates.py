@@ -217,9 +217,7 @@ def test_a_diverging_mode_search_is_an_error():
         with numpyro.plate("data", y.shape[0], subsample_size=5) as idx:
             numpyro.sample("y", dist.Normal(0.0, 1.0), obs=y[idx])
 
-    with pytest.raises(
-        ValueError, match="centre: .*not a mode; the posterior may be improper"
-    ):
+    with pytest.raises(ValueError, match="centre: .*the posterior may be improper"):
         _run_cv(unbounded, jnp.zeros(50))
 
 
