@@ -10,6 +10,7 @@ import pandas as pd
 
 from numpyro_sgbd import _arviz
 from numpyro_sgbd.diagnostics import ksd, unconstrained_draws_and_scores
+from numpyro_sgbd.kernels import wall_time
 from numpyro_sgbd.reference import full_batch
 
 __all__ = ["Comparison", "compare", "plot_marginals"]
@@ -27,6 +28,7 @@ _SUMMARY = [
     "xi",
     "max_bias_mean",
     "max_bias_var",
+    "max_rel_bias_var",
     "min_ess_bulk",
     "ess_per_s",
     "ksd",
@@ -42,11 +44,13 @@ class Comparison:
         ``run`` and ``parameter`` (``"beta[0]"``): ``mean``, ``sd``, ``ref_mean``,
         ``ref_sd``, ``bias_mean`` = ``|mean - ref_mean| / ref_sd``, ``bias_var`` =
         ``|sd**2 - ref_sd**2| / ref_sd`` (SGBD paper, supplement eq. 40; in the
-        units of the parameter, not scale-free), ``ess_bulk``, ``ess_tail`` and
+        units of the parameter, not scale-free), ``rel_bias_var`` =
+        ``|sd**2 / ref_sd**2 - 1|`` (scale-free), ``ess_bulk``, ``ess_tail`` and
         ``r_hat`` (NaN for a single chain).
     :ivar summary: one row per run, indexed by ``run``: ``num_draws``, ``xi`` (the
         relative error of the posterior sds), ``max_bias_mean``, ``max_bias_var``,
-        ``min_ess_bulk``, ``ess_per_s``, ``ksd``, ``sampling_time`` and the
+        ``max_rel_bias_var``, ``min_ess_bulk``, ``ess_per_s``, ``ksd``,
+        ``sampling_time`` (seconds) and the
         sampler statistics the run recorded (``mean_potential_energy_estimate``,
         ``mean_noise_sd``, ``frac_tolerance_exceeded``, ``num_nonfinite``,
         ``num_divergent``). The reference's own row has NaN biases and ``xi``.
@@ -75,6 +79,7 @@ class Comparison:
         for column, title in (
             ("bias_mean", "Standardised bias of the mean |mean - ref| / ref sd:"),
             ("bias_var", "Standardised bias of the variance |var - ref| / ref sd:"),
+            ("rel_bias_var", "Relative bias of the variance |var / ref var - 1|:"),
         ):
             wide = self.per_parameter[column].unstack("run")
             wide = wide.loc[
@@ -129,7 +134,8 @@ def _load(name, run):
         if isinstance(model, full_batch):
             model = model.fn
         source = (model, run._args, run._kwargs) if model is not None else None
-        return draws, stats, None, source
+        # Our kernels note the host time as they run (NumPyro's do not).
+        return draws, stats, wall_time(sampler, run), source
     if _arviz.is_inference_data(run):
         posterior = _arviz.group(run, "posterior")
         if posterior is None:
@@ -219,7 +225,9 @@ def compare(
     \mathrm{sd}(\theta_j)` the reference's, this reports the standardised bias of
     the mean :math:`|\bar\theta_j - E\theta_j| / \mathrm{sd}(\theta_j)` and of the
     variance :math:`|\hat v_j - \mathrm{Var}\,\theta_j| / \mathrm{sd}(\theta_j)`
-    (SGBD paper, supplement eq. 40), ArviZ's bulk and tail ESS and R-hat; over all
+    (SGBD paper, supplement eq. 40), which has the parameter's units, and the
+    scale-free :math:`|\hat v_j / \mathrm{Var}\,\theta_j - 1|`, ArviZ's bulk and
+    tail ESS and R-hat; over all
     components, the relative error of the posterior standard deviations
     :math:`\xi = \|\hat\sigma - \sigma_{\mathrm{ref}}\|_2 / \|\sigma_{\mathrm{ref}}\|_2`
     (tuning paper, Section 4.1), the largest biases, the smallest bulk ESS and the
@@ -242,7 +250,10 @@ def compare(
     :func:`~numpyro_sgbd.reference_posterior` return them; its
     ``posterior.attrs["sampling_time"]``, as :func:`~numpyro_sgbd.reference_posterior`
     sets it, gives the wall time), or a dict of draws with the draws on the leading
-    axis (as ``mcmc.get_samples()``).
+    axis (as ``mcmc.get_samples()``). An :class:`~numpyro.infer.mcmc.MCMC` run of
+    this package's kernels knows its wall time (compilation included, from host
+    times the kernel notes every 256 steps); other runs' come from
+    ``wall_times=`` or the ArviZ attribute, else ``ess_per_s`` is NaN.
 
     :param candidates: a run, a list of runs, or a dict ``{name: run}``.
     :param reference: the reference run (typically from
@@ -263,7 +274,8 @@ def compare(
     :return: a :class:`Comparison`; ``print`` it for a readable table.
     :raises ValueError: on mismatched variable names or shapes, or a reference
         without finite draws. A run with non-finite draws gets a NaN row and a
-        warning.
+        warning naming it; a run whose draws map to non-finite unconstrained values
+        or full-data scores gets a NaN KSD and a warning; the other rows are kept.
 
     **Example**
 
@@ -338,6 +350,7 @@ def compare(
             mean, sd, ess = nan, nan, {"bulk": nan, "tail": nan, "r_hat": nan}
         bias_mean = nan if is_ref else np.abs(mean - ref_mean) / ref_sd
         bias_var = nan if is_ref else np.abs(sd**2 - ref_sd**2) / ref_sd
+        rel_bias_var = nan if is_ref else np.abs(sd**2 / ref_sd**2 - 1)
         for j, parameter in enumerate(names):
             rows.append(
                 dict(
@@ -349,6 +362,7 @@ def compare(
                     ref_sd=ref_sd[j],
                     bias_mean=bias_mean[j],
                     bias_var=bias_var[j],
+                    rel_bias_var=rel_bias_var[j],
                     ess_bulk=ess["bulk"][j],
                     ess_tail=ess["tail"][j],
                     r_hat=ess["r_hat"][j],
@@ -363,6 +377,7 @@ def compare(
             else float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd)),
             max_bias_mean=float(np.max(bias_mean)),
             max_bias_var=float(np.max(bias_var)),
+            max_rel_bias_var=float(np.max(rel_bias_var)),
             min_ess_bulk=min_ess,
             ess_per_s=min_ess / seconds if seconds else np.nan,
             ksd=np.nan,
@@ -373,9 +388,20 @@ def compare(
                 x, s = _draws_and_scores(source, draws, ksd_draws)
             except ValueError as err:
                 raise ValueError(f"KSD of run {name!r}: {err}") from err
+            good = np.all(np.isfinite(x), axis=1) & np.all(np.isfinite(s), axis=1)
             if ksd_scale is None:
-                ksd_scale = x.std(0, ddof=1) if ksd_standardise else 1.0
-            summary["ksd"] = ksd(x / ksd_scale, s * ksd_scale)
+                ksd_scale = x[good].std(0, ddof=1) if ksd_standardise else 1.0
+            if good.all():
+                summary["ksd"] = ksd(x / ksd_scale, s * ksd_scale)
+            else:
+                warnings.warn(
+                    f"run {name!r}: {int((~good).sum())} of {good.size} draws map to "
+                    "non-finite unconstrained values or full-data scores (a draw on "
+                    "a support's boundary, or an overflowing likelihood); its KSD is "
+                    "NaN.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         for field, column, reduce in _STATS:
             if field in stats:
                 with warnings.catch_warnings():  # all-NaN where not estimated

@@ -140,6 +140,65 @@ def _warn_nonfinite(i):
     )
 
 
+# The step notes the host time after iterations 1, 2, 4, ..., 256 and every 256th
+# after that: one host call per 256 steps (well under 1% of a 10-microsecond step),
+# enough for `wall_time` to place a run's start and end (the tail after the last
+# note is extrapolated at the rate between the last two).
+_CLOCK_EVERY = 256
+_CLOCK_EVENTS = 8192  # kept per kernel, newest last
+
+
+def _clock_due(i):
+    return jnp.any((i % _CLOCK_EVERY == 0) | ((i & (i - 1)) == 0))
+
+
+def wall_time(kernel, mcmc):
+    """Seconds the last ``mcmc.run`` of ``kernel`` took, compilation included, from
+    the host times the kernel noted; ``None`` when they do not cover that run.
+
+    The kernel notes a start when ``init`` runs and when NumPyro traces ``sample``
+    (each ``run`` compiles its loop anew), and the end of iterations 1, 2, 4, ...,
+    256 and every 256th after that. The run's iterations are ``(i_end - steps,
+    i_end]``, ``i_end`` the last state's iteration count and ``steps`` the warmup
+    (unless the run resumed from ``post_warmup_state``) plus ``num_samples``; the
+    steps after the last note are timed at the rate between the last two.
+    Sequential chains run one after another, each a pass of its own: their times
+    add up. What NumPyro does before ``init`` and after the last step (collecting
+    the draws) is not counted: a few percent of a short run.
+    """
+    events = list(getattr(kernel, "_clock", ()))
+    last = getattr(mcmc, "last_state", None)
+    if not events or last is None or not hasattr(last, "i"):
+        return None
+    i_end = int(np.max(np.asarray(last.i)))
+    resumed = getattr(mcmc, "_warmup_state", None) is not None
+    steps = mcmc.num_samples + (0 if resumed else mcmc.num_warmup)
+    i_start = i_end - steps
+    passes = []
+    for i, t in events:
+        if i is None:  # a start: a new pass unless this one has no ticks yet
+            if not passes or passes[-1]["ticks"]:
+                passes.append({"start": t, "ticks": {}})
+        elif passes:
+            ticks = passes[-1]["ticks"]
+            ticks[i] = max(t, ticks.get(i, t))  # chains on several devices
+    sequential = mcmc.num_chains > 1 and mcmc.chain_method == "sequential"
+    total = 0.0
+    for one in passes[-(mcmc.num_chains if sequential else 1) :]:
+        ticks = sorted(one["ticks"].items())
+        if len(ticks) < 2 or not i_start < ticks[-1][0] <= i_end:
+            return None
+        (i_a, t_a), (i_b, t_b) = ticks[-2:]
+        rate = (t_b - t_a) / (i_b - i_a)
+        if ticks[0][0] <= i_start:
+            # The pass began before this run: the run noted no start of its own
+            # (a resumed run whose step NumPyro did not trace again), and its
+            # compilation time is unknown.
+            return None
+        total += t_b - one["start"] + (i_end - i_b) * rate
+    return total
+
+
 def _check_positive(value, where):
     arr = np.asarray(value, dtype=float)
     if arr.size == 0 or not np.all(np.isfinite(arr)) or not np.all(arr > 0):
@@ -411,6 +470,8 @@ class _SGKernel(MCMCKernel):
         self._init_param_fns = {}
         self._diagnostics = (0, "")
         self._num_warmup = 0
+        # (iteration or None at `init`, host seconds): see `wall_time`.
+        self._clock = []
 
     # ------------------------------------------------------- what subclasses set
     def _noise_form(self):
@@ -744,6 +805,8 @@ class _SGKernel(MCMCKernel):
 
     # ------------------------------------------------------------------ MCMC API
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        self._clock.append((None, time.perf_counter()))
+        del self._clock[:-_CLOCK_EVENTS]
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self._num_warmup = int(num_warmup)
         self._traced_setup = _has_tracer((model_args, model_kwargs))
@@ -832,6 +895,8 @@ class _SGKernel(MCMCKernel):
         return lambda rng_key, z: fn(rng_key, z, arrays)
 
     def sample(self, state, model_args, model_kwargs):
+        # Runs in Python when NumPyro traces its loop, at the start of each run.
+        self._clock.append((None, time.perf_counter()))
         model_kwargs = {} if model_kwargs is None else model_kwargs
         new_state = self._sample_impl(state, model_args, model_kwargs)
         if self._recentre_every is not None:
@@ -840,9 +905,16 @@ class _SGKernel(MCMCKernel):
         first_stop = jnp.any(new_state.num_nonfinite > 0) & jnp.all(
             state.num_nonfinite == 0
         )
+        # One host call for both the warning and the clock (see `wall_time`).
+        due = first_stop | _clock_due(new_state.i)
         return new_state._replace(
-            i=_warn_on_host(first_stop, _warn_nonfinite, new_state.i)
+            i=_warn_on_host(due, self._on_host, new_state.i, first_stop)
         )
+
+    def _on_host(self, i, first_stop):
+        if first_stop:
+            _warn_nonfinite(i)
+        self._clock.append((int(np.max(i)), time.perf_counter()))
 
     def postprocess_fn(self, model_args, model_kwargs):
         if self._model is None:

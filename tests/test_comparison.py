@@ -1,6 +1,9 @@
 """compare and plot_marginals: accuracy figures against a reference posterior."""
 
+import time
+
 import arviz as az
+import jax
 from jax import random
 import numpy as np
 import numpyro
@@ -48,10 +51,13 @@ def test_known_biases_and_xi(reference):
     np.testing.assert_allclose(
         row["bias_var"], np.abs(scale**2 - 1) * ref_sd, rtol=1e-6
     )
+    # Scale-free: the same whatever the parameter's units.
+    np.testing.assert_allclose(row["rel_bias_var"], np.abs(scale**2 - 1), rtol=1e-6)
     xi = np.linalg.norm((scale - 1) * ref_sd) / np.linalg.norm(ref_sd)
     summary = table.summary.loc["moved"]
     np.testing.assert_allclose(summary["xi"], xi, rtol=1e-6)
     np.testing.assert_allclose(summary["max_bias_mean"], 1.5, rtol=1e-6)
+    np.testing.assert_allclose(summary["max_rel_bias_var"], 0.69, rtol=1e-6)
     assert summary["num_draws"] == 3000
     assert list(row.index) == ["w[0]", "w[1]"]
     # The reference's own row: no bias by definition, its ESS and time as given.
@@ -59,6 +65,7 @@ def test_known_biases_and_xi(reference):
     assert table.summary.loc["reference", "min_ess_bulk"] > 1000
     text = str(table)
     assert "moved" in text and "w[1]" in text and "xi" in text
+    assert "max_rel_bias_var" in text and "|var / ref var - 1|" in text
 
 
 def test_ess_per_second_from_wall_times(reference):
@@ -99,6 +106,35 @@ def test_nan_draws_give_a_nan_row_and_a_warning(reference):
         compare({"fine": {"w": w[:4]}}, bad_reference)
 
 
+def scale_model(y):
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+        numpyro.sample("y", dist.Normal(0.0, sigma), obs=y[idx])
+
+
+def test_a_draw_on_the_support_boundary_gives_that_run_a_nan_ksd_only():
+    # sigma = 0 is a finite draw whose unconstrained value, log 0, is not.
+    y = 0.5 * random.normal(random.key(8), (200,))
+    rng = np.random.default_rng(9)
+    exact = {"sigma": np.exp(np.log(0.5) + 0.05 * rng.normal(size=400))}
+    boundary = {"sigma": exact["sigma"].copy()}
+    boundary["sigma"][17] = 0.0
+    fine = {"sigma": exact["sigma"][::-1].copy()}
+    with pytest.warns(RuntimeWarning, match="run 'boundary': 1 of 400 draws map to"):
+        table = compare(
+            {"boundary": boundary, "fine": fine},
+            exact,
+            model=scale_model,
+            model_args=(y,),
+            ksd_draws=400,
+        )
+    ksd = table.summary["ksd"]
+    assert np.isnan(ksd["boundary"])
+    assert np.isfinite(ksd["fine"]) and np.isfinite(ksd["reference"])
+    # The rest of its row stands.
+    assert np.isfinite(table.summary.loc["boundary", ["xi", "max_bias_mean"]]).all()
+
+
 def test_ksd_and_sampler_stats_from_an_mcmc_run():
     y = 1.0 + random.normal(random.key(0), (200,))
     precision = 1 / PRIOR_SD**2 + y.shape[0]
@@ -111,7 +147,10 @@ def test_ksd_and_sampler_stats_from_an_mcmc_run():
         num_samples=2000,
         progress_bar=False,
     )
+    start = time.perf_counter()
     mcmc.run(random.key(2), y)
+    jax.block_until_ready(mcmc.get_samples())
+    seconds = time.perf_counter() - start
     shifted = {"mu": exact["mu"] + 2 * sd}
     # The model and data come from the MCMC candidate.
     table = compare({"sgld": mcmc, "shifted": shifted}, exact, ksd_draws=500)
@@ -123,6 +162,14 @@ def test_ksd_and_sampler_stats_from_an_mcmc_run():
     assert table.summary.loc["sgld", "mean_noise_sd"] > 0
     assert np.isnan(table.summary.loc["shifted", "mean_noise_sd"])
     assert "Sampler statistics" in str(table)
+    # The kernel timed its own run (from init to the last step), so ESS per second
+    # needs no wall_times=.
+    recorded = table.summary.loc["sgld", "sampling_time"]
+    assert 0.6 * seconds < recorded <= seconds
+    assert table.summary.loc["sgld", "ess_per_s"] == pytest.approx(
+        table.summary.loc["sgld", "min_ess_bulk"] / recorded
+    )
+    assert np.isnan(table.summary.loc["shifted", "ess_per_s"])
     # Given explicitly, the model gives the same KSD for plain draws.
     again = compare(
         {"shifted": shifted},
@@ -161,11 +208,16 @@ def test_arviz_data_from_numpyro_is_a_run_like_the_mcmc(tmp_path):
         chain_method="vectorized",
         progress_bar=False,
     )
+    start = time.perf_counter()
     mcmc.run(random.key(6), y)
+    jax.block_until_ready(mcmc.get_samples())
+    seconds = time.perf_counter() - start
     idata = az.from_numpyro(mcmc)
     exact = {"mu": np.random.default_rng(7).normal(float(y.mean()), 0.07, 2000)}
     by_mcmc = compare({"sgld": mcmc}, exact, ksd_draws=0)
     expected = by_mcmc.per_parameter.loc["sgld"]
+    # Vectorized chains time as one pass.
+    assert 0.6 * seconds < by_mcmc.summary.loc["sgld", "sampling_time"] <= seconds
     for table, name in [
         (compare(idata, exact, ksd_draws=0), "run"),
         (compare({"sgld": idata}, exact, ksd_draws=0), "sgld"),
@@ -209,3 +261,35 @@ def test_plot_marginals_writes_a_file(reference, tmp_path):
     assert path.stat().st_size > 10_000
     with pytest.raises(ValueError, match="has no variable"):
         plot_marginals({"bad": {"v": w}}, reference, tmp_path / "n.png")
+
+
+def test_sequential_chains_add_their_times_and_a_resumed_run_is_not_guessed():
+    y = 1.0 + random.normal(random.key(10), (200,))
+    exact = {"mu": np.random.default_rng(11).normal(float(y.mean()), 0.07, 1000)}
+    mcmc = MCMC(
+        SGLD(gaussian_model, step_size=0.02, variant="corrected"),
+        num_warmup=100,
+        num_samples=400,
+        num_chains=2,
+        chain_method="sequential",
+        progress_bar=False,
+    )
+    start = time.perf_counter()
+    mcmc.run(random.key(12), y)
+    jax.block_until_ready(mcmc.get_samples())
+    seconds = time.perf_counter() - start
+    recorded = compare(mcmc, exact, ksd_draws=0).summary.loc["run", "sampling_time"]
+    assert 0.6 * seconds < recorded <= seconds
+    # Resumed from post_warmup_state, NumPyro (0.22) reuses the traced step: the
+    # run notes no start and its compilation time is unknown, so no time is
+    # reported rather than the steps' time alone (a tenth of the truth here).
+    mcmc.post_warmup_state = mcmc.last_state
+    start = time.perf_counter()
+    mcmc.run(mcmc.post_warmup_state.rng_key, y)
+    jax.block_until_ready(mcmc.get_samples())
+    seconds = time.perf_counter() - start
+    summary = compare(mcmc, exact, ksd_draws=0).summary.loc["run"]
+    if not np.isnan(summary["sampling_time"]):  # a NumPyro that traces anew
+        assert 0.6 * seconds < summary["sampling_time"] <= seconds
+    else:
+        assert np.isnan(summary["ess_per_s"])
