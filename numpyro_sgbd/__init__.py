@@ -3,6 +3,7 @@
 # First: numpyro_sgbd._arviz loads numpyro before any of its submodules (see there).
 from numpyro_sgbd import _arviz  # noqa: F401
 from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
+from numpyro_sgbd.criticism import from_numpyro, full_data_log_likelihood
 from numpyro_sgbd.diagnostics import ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
 from numpyro_sgbd.handlers import full_batch
@@ -22,8 +23,10 @@ __all__ = [
     "Centre",
     "Comparison",
     "compare",
+    "from_numpyro",
     "full_batch",
     "full_batch_scores",
+    "full_data_log_likelihood",
     "ksd",
     "plot_marginals",
     "posterior_ksd",

@@ -9,6 +9,9 @@ asks this module instead of branching on the version:
   container, whichever ArviZ is installed (the checks go by type, not version).
 - :func:`from_dict`: build the installed version's container from arrays
   (0.x takes the groups as keywords, 1.x as one dict of groups).
+- :func:`dict_to_dataset`, :func:`set_group`, :func:`group_attrs`: build one
+  group as ArviZ would (its dimension names and attributes), put it in either
+  container, and reach a group's live attributes.
 - :func:`ess`, :func:`rhat`: per-variable diagnostics of draws shaped
   ``(chain, draw, ...)``, passed as an :class:`xarray.Dataset`, the one input
   both versions take and return alike (on bare arrays 1.x needs ``prob`` for the
@@ -40,13 +43,16 @@ numpyro.__version__  # an attribute access executes a lazy module
 
 __all__ = [
     "ARVIZ_MAJOR",
+    "dict_to_dataset",
     "ess",
     "from_dict",
     "from_netcdf",
     "group",
+    "group_attrs",
     "group_names",
     "is_inference_data",
     "rhat",
+    "set_group",
     "to_netcdf",
 ]
 
@@ -108,6 +114,48 @@ def from_dict(groups, *, attrs=None):
     for name, values in (attrs or {}).items():
         _node(data, name).attrs.update(values)
     return data
+
+
+def group_attrs(data, name):
+    """The live attributes of group ``name`` of ``data`` (a dict to update)."""
+    return _node(data, name).attrs
+
+
+def set_group(data, name, dataset):
+    """Put ``dataset`` in ``data`` (either container) as group ``name``, in place,
+    replacing a group of that name."""
+    if _DATATREE is not None and isinstance(data, _DATATREE):
+        data[name] = _DATATREE(dataset)
+        return data
+    if name in data.groups():
+        delattr(data, name)
+    data.add_groups({name: dataset})
+    return data
+
+
+def dict_to_dataset(data, *, coords=None, dims=None, index_origin=None, library=None):
+    """One group from ``{variable: array shaped (chain, draw, ...)}``, with the
+    dimension names and attributes ArviZ gives the groups of ``az.from_numpyro``
+    (``<variable>_dim_0``... where ``dims`` names none; names in ``dims`` beyond a
+    variable's own dimensions are dropped, as ArviZ does for ``log_likelihood``).
+
+    :param dict coords: ``{dimension: values}``; only those of the dimensions used.
+    :param dict dims: ``{variable: [dimension name, ...]}`` after chain and draw.
+    :param int index_origin: the first index of the generated coordinates.
+    :param library: the inference library's module (``numpyro``), named in the
+        attributes.
+    :return: an :class:`xarray.Dataset`.
+    """
+    # 0.x calls the library argument ``library``, 1.x ``inference_library``.
+    key = "library" if ARVIZ_MAJOR < 1 else "inference_library"
+    return az.dict_to_dataset(
+        data,
+        coords=coords,
+        dims=dims,
+        index_origin=index_origin,
+        skip_event_dims=True,
+        **{key: library},
+    )
 
 
 def _container(datasets, attrs):
