@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import jax
 from jax import random
+from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
@@ -287,6 +288,11 @@ class MinibatchEstimator:
         n terms, min(n, d) times the cost of a minibatch gradient, but evaluates
         the parts outside the plate once (for a model whose prior costs more
         than its likelihood).
+    :param pullback: ``None``, or a linear map ``g -> L' g`` on flat gradients of
+        shape (..., d) (a :class:`~numpyro_sgbd.preconditioning.Preconditioner`'s
+        ``pull``): the gradient, the per-datum gradients behind the noise
+        statistics, and :meth:`full_data`'s gradient are then returned flat, in the
+        coordinates u of ``z = z_hat + L u`` (positions stay in z).
     """
 
     def __init__(
@@ -298,6 +304,7 @@ class MinibatchEstimator:
         replace=False,
         covariance=None,
         per_datum="vmap",
+        pullback=None,
     ):
         if per_datum not in ("vmap", "jacobian"):
             raise ValueError(
@@ -320,6 +327,19 @@ class MinibatchEstimator:
         self.replace = replace
         self.covariance = covariance
         self.per_datum = per_datum
+        self.pullback = pullback
+
+    def _pull(self, grad, per_datum_grads=None):
+        """Gradients in u (flat) where there is a pullback; unchanged otherwise."""
+        if self.pullback is None:
+            return grad, per_datum_grads
+        grad = self.pullback(ravel_pytree(grad)[0])
+        if per_datum_grads is not None:
+            leaves = jax.tree.leaves(per_datum_grads)
+            n = leaves[0].shape[0]
+            flat = jnp.concatenate([g.reshape(n, -1) for g in leaves], axis=1)
+            per_datum_grads = self.pullback(flat)
+        return grad, per_datum_grads
 
     def draw(self, rng_key):
         """Fresh indices ``{plate name: indices}`` for every subsample plate."""
@@ -376,7 +396,11 @@ class MinibatchEstimator:
 
     def _at(self, z, indices, model_args, model_kwargs):
         """(potential, its gradient, per-datum gradients or None) at ``z`` on the
-        minibatch ``indices``."""
+        minibatch ``indices``; the gradients in u where there is a pullback."""
+        value, grad, per_datum_grads = self._at_z(z, indices, model_args, model_kwargs)
+        return (value, *self._pull(grad, per_datum_grads))
+
+    def _at_z(self, z, indices, model_args, model_kwargs):
         fn = partial(
             self._terms,
             indices=indices,
@@ -497,7 +521,8 @@ class MinibatchEstimator:
             starts = jnp.arange(num_chunks) * c
             (loglik, loglik_grad), _ = jax.lax.scan(body, zero, starts)
             rest, rest_grad = rest_and_grad(z)
-            return rest - loglik, jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
+            grad = jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
+            return rest - loglik, self._pull(grad)[0]
 
         return run, arrays
 
@@ -522,7 +547,7 @@ class ControlVariateEstimator(MinibatchEstimator):
     :math:`U(\hat z) + \hat U_S(z) - \hat U_S(\hat z)`. A step costs two minibatch
     gradients (with per-datum gradients where the noise is needed).
 
-    :param model, plates, noise, replace, covariance, per_datum: as
+    :param model, plates, noise, replace, covariance, per_datum, pullback: as
         :class:`MinibatchEstimator` (exactly one subsample plate).
     :param centre: :math:`\hat z`, unconstrained values by site.
     :param centre_potential: :math:`U(\hat z)`, the full-data potential.
@@ -541,6 +566,7 @@ class ControlVariateEstimator(MinibatchEstimator):
         replace=False,
         covariance=None,
         per_datum="vmap",
+        pullback=None,
     ):
         if len(plates) != 1:
             raise ValueError(
@@ -554,6 +580,7 @@ class ControlVariateEstimator(MinibatchEstimator):
             replace=replace,
             covariance=covariance,
             per_datum=per_datum,
+            pullback=pullback,
         )
         self.centre = centre
         self.centre_potential = centre_potential
