@@ -27,6 +27,8 @@ from numpyro.infer.util import (
 )
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
+from numpyro_sgbd import preconditioning
+from numpyro_sgbd.diagnostics import drift
 from numpyro_sgbd.estimators import (
     ControlVariateEstimator,
     CustomEstimator,
@@ -35,8 +37,9 @@ from numpyro_sgbd.estimators import (
     split_arrays,
 )
 from numpyro_sgbd.handlers import SubsamplePlates
-from numpyro_sgbd.modes import check_mode, find_mode, full_data_objective
+from numpyro_sgbd.modes import check_mode, find_mode, full_data_objective, hessian
 from numpyro_sgbd.updates import (
+    BARKER_TOLERANCE,
     COVARIANCES,
     VARIANTS,
     barker_step,
@@ -64,7 +67,9 @@ SGState = namedtuple(
         "num_nonfinite",
         "centre",
         "rng_key",
+        "step_size",
     ],
+    defaults=(None,),
 )
 SGState.__doc__ = """
 State of the stochastic-gradient kernels; every field but ``z``, ``noise_sd`` and
@@ -94,6 +99,13 @@ four sampler statistics ``potential_energy_estimate``, ``mean_noise_sd``,
  - **centre** - with ``gradient="control_variates"`` and ``recentre_every``, the
    control variates' current centre (a :class:`Centre`); ``None`` otherwise.
  - **rng_key** - random key.
+ - **step_size** - with ``step_size=None`` (adapted in warmup), this chain's step
+   size in the whitened coordinates u, fixed from the end of warmup; ``None`` when
+   the step size was given.
+
+With a preconditioner (``z = z_hat + L u``, see :mod:`numpyro_sgbd.preconditioning`)
+``z`` stays in the model's unconstrained space while ``z_grad`` and ``noise_sd`` are
+flat arrays in u.
 """
 
 Centre = namedtuple("Centre", ["z", "potential", "grad", "z_sum"])
@@ -146,6 +158,8 @@ def _warn_nonfinite(i):
 # note is extrapolated at the rate between the last two).
 _CLOCK_EVERY = 256
 _CLOCK_EVENTS = 8192  # kept per kernel, newest last
+# The stationarity check needs this many thinned sampling draws per run.
+_DRIFT_MIN_POINTS = 16
 
 
 def _clock_due(i):
@@ -371,10 +385,11 @@ class _SGKernel(MCMCKernel):
         replace=None,
         init_strategy=init_to_uniform,
         log_likelihood_size=None,
-        gradient="minibatch",
+        gradient=None,
         centre=None,
         chunk_size=4096,
         recentre_every=None,
+        preconditioner=None,
     ):
         sources = [s for s in (model, potential_fn, gradient_fn) if s is not None]
         if len(sources) != 1:
@@ -382,13 +397,40 @@ class _SGKernel(MCMCKernel):
                 "Give exactly one of model, potential_fn or gradient_fn "
                 f"(got {len(sources)})."
             )
-        if step_size is None:
+        allowed = (None, "auto", "none") + preconditioning.FORMS
+        if preconditioner not in allowed:
             raise ValueError(
-                "step_size is required: a positive scalar, or a dict "
-                "{site name: positive value broadcastable to the site's "
-                "unconstrained shape}."
+                f"preconditioner must be one of {allowed}, got {preconditioner!r}."
             )
-        _check_positive_tree(step_size, "step_size")
+        if preconditioner is None:
+            preconditioner = "auto" if step_size is None else "none"
+        if step_size is None:
+            if model is None:
+                raise ValueError(
+                    "step_size is required with potential_fn or gradient_fn: "
+                    "step_size=None adapts the step in the coordinates of the "
+                    "model's full-data Hessian at its mode, which needs a model. "
+                    "Give a positive scalar, or a dict {site name: positive value}."
+                )
+            if preconditioner == "none":
+                raise ValueError(
+                    "step_size=None adapts the step in the whitened coordinates of "
+                    "a preconditioner; with preconditioner='none' give step_size."
+                )
+        else:
+            _check_positive_tree(step_size, "step_size")
+        if preconditioner != "none" and model is None:
+            raise ValueError(
+                f"preconditioner={preconditioner!r} comes from the model's full-data "
+                "Hessian at its mode: it needs a model (with potential_fn or "
+                "gradient_fn use preconditioner='none')."
+            )
+        if preconditioner != "none" and isinstance(step_size, dict):
+            raise ValueError(
+                "with a preconditioner step_size is in the whitened coordinates u, "
+                "which have no sites: give a positive scalar (about 0.5), or "
+                "step_size=None to adapt it."
+            )
         if log_likelihood_size is not None and (
             not isinstance(log_likelihood_size, int) or log_likelihood_size < 1
         ):
@@ -396,8 +438,14 @@ class _SGKernel(MCMCKernel):
                 "log_likelihood_size must be a positive int, "
                 f"got {log_likelihood_size!r}."
             )
-        if gradient not in GRADIENTS:
-            raise ValueError(f"gradient must be one of {GRADIENTS}, got {gradient!r}.")
+        if gradient is not None and gradient not in GRADIENTS:
+            raise ValueError(
+                f"gradient must be one of {GRADIENTS} or None, got {gradient!r}."
+            )
+        if gradient is None:
+            # Adapting: control variates around the mode the adaptation finds
+            # anyway, where the model allows them (resolved by `_build`).
+            gradient = "auto" if step_size is None else "minibatch"
         if replace is not None and not isinstance(replace, (bool, np.bool_)):
             raise ValueError(
                 "replace must be True (with replacement), False (without) or None "
@@ -409,7 +457,7 @@ class _SGKernel(MCMCKernel):
                 "full-data gradient); with potential_fn or gradient_fn build the "
                 "control variates into the function you pass."
             )
-        if centre is not None and gradient != "control_variates":
+        if centre is not None and gradient == "minibatch":
             raise ValueError(
                 "centre is the control variates' centre: pass "
                 "gradient='control_variates' with it."
@@ -423,7 +471,7 @@ class _SGKernel(MCMCKernel):
         if not (isinstance(chunk_size, int) and chunk_size > 0):
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
         if recentre_every is not None:
-            if gradient != "control_variates":
+            if gradient == "minibatch":
                 raise ValueError(
                     "recentre_every moves the control variates' centre: pass "
                     "gradient='control_variates' with it."
@@ -439,7 +487,17 @@ class _SGKernel(MCMCKernel):
                 )
             recentre_every = int(recentre_every)
         self._recentre_every = recentre_every
+        self._preconditioner_arg = preconditioner
+        #: The change of variables z = z_hat + L u, built by ``init``
+        #: (:class:`~numpyro_sgbd.preconditioning.Preconditioner`), or ``None``.
+        self.preconditioner = None
+        #: After ``init`` with a preconditioner or ``step_size=None``: the mode
+        #: search's report, L's form, memory and cost, and the step size's target.
+        self.adaptation_info = None
+        self._mode = None
+        self._preconditioner_cache = None
         self._batched = False
+        self._gradient_arg = gradient
         self._gradient = gradient
         self._centre_arg = centre
         self._chunk_size = chunk_size
@@ -483,6 +541,18 @@ class _SGKernel(MCMCKernel):
         """(who needs the noise, how to do without) for error messages."""
         return "", ""
 
+    def _default_options(self, plates):
+        """Resolve the options left to ``step_size=None``'s defaults once the
+        subsample plates are known (``None`` before the trace: reset them); return
+        whether the noise form changed. Control variates need exactly one
+        subsample plate."""
+        if plates is None:
+            self._gradient = self._gradient_arg
+            return False
+        if self._gradient == "auto":
+            self._gradient = "control_variates" if len(plates) == 1 else "minibatch"
+        return False
+
     def _resolve_noise_form(self, noise_form, shapes, plates):
         """The noise form once z's shapes and the subsample plates are known (NOGIN
         chooses its covariance form here)."""
@@ -490,7 +560,102 @@ class _SGKernel(MCMCKernel):
 
     def _prepare(self, shapes, one_z):
         """Validate the hyperparameters against z's shapes (before compiling)."""
-        self._step_size = _per_site(self._step_size_arg, shapes, "step_size")
+        if self._step_size_arg is None:
+            self._step_size = None
+        elif self.preconditioner is not None:
+            self._step_size = jnp.asarray(self._step_size_arg, jnp.result_type(float))
+        else:
+            self._step_size = _per_site(self._step_size_arg, shapes, "step_size")
+
+    # ----------------------------------------------------- adaptation in warmup
+    #: The step size in the whitened coordinates u (unit posterior scale) that
+    #: ``step_size=None`` starts from and never exceeds; subclasses set it.
+    _STEP_TARGET = 0.5
+
+    def _step_allowed(self, state):
+        """The largest step the gradient noise allows at ``state`` (at most
+        :attr:`_STEP_TARGET`); subclasses with a noise criterion refine it."""
+        return jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
+
+    def _adapt_step(self, state):
+        """The chain's next step size: during the first half of warmup the step
+        the noise allows now; during the second half the smallest such step seen
+        since; fixed after warmup, so the sampling chain is time-homogeneous."""
+        if state.step_size is None:
+            return state
+        allowed = self._step_allowed(state)
+        half = self._num_warmup // 2
+        step = jnp.where(
+            state.i <= half,
+            allowed,
+            jnp.where(
+                state.i <= self._num_warmup,
+                jnp.minimum(state.step_size, allowed),
+                state.step_size,
+            ),
+        )
+        return state._replace(step_size=step.astype(state.step_size.dtype))
+
+    def _step(self, state):
+        """The step size for this chain's next move."""
+        return self._step_size if state.step_size is None else state.step_size
+
+    def _precondition(self, model_args, model_kwargs, shapes):
+        """Find the full-data mode and build L from the Hessian there (before
+        compiling); log and record what it cost."""
+        d = sum(int(np.prod(shape)) for shape in shapes.values())
+        form = self._preconditioner_arg
+        why = "as given"
+        if form == "auto":
+            form, why = preconditioning.choose_preconditioner(d)
+        if form == "dense":
+            preconditioning.check_dense(d)
+        start = time.perf_counter()
+        objective = full_data_objective(
+            self._model, model_args, model_kwargs, chunk_size=self._chunk_size
+        )
+        what = f"{type(self).__name__}'s start and preconditioner"
+        mode, info = find_mode(objective, what=what)
+        check_mode(
+            info,
+            objective.unravel,
+            what,
+            "Pass init_params and a step_size (without a preconditioner), or "
+            "check the model's priors.",
+            stacklevel=7,
+        )
+        searched = time.perf_counter()
+        if form == "dense":
+            pre = preconditioning.dense(mode, hessian(objective.hvp, mode))
+        elif form == "lowrank":
+            pre = preconditioning.lowrank(
+                mode, info["hessian_diag"], lambda v: objective.hvp(mode, v)
+            )
+        else:
+            pre = preconditioning.diagonal(mode, info["hessian_diag"])
+        seconds = time.perf_counter() - start
+        self.preconditioner = pre
+        self._mode = objective.unravel(mode)
+        report = {k: v for k, v in info.items() if k not in ("hessian_diag", "worst")}
+        self.adaptation_info = {
+            "preconditioner": form,
+            "why": why,
+            "preconditioner_bytes": pre.nbytes,
+            "mode_seconds": searched - start,
+            "preconditioner_seconds": seconds - (searched - start),
+            "seconds": seconds,
+            "step_target": self._STEP_TARGET,
+            "mode_search": report,
+        }
+        logger.info(
+            "%s: preconditioner=%r (%s), %.1f MiB, mode search %.2f s, L %.2f s.",
+            type(self).__name__,
+            form,
+            why,
+            pre.nbytes / 2**20,
+            searched - start,
+            seconds - (searched - start),
+        )
 
     def _check_probe(self, probe, one_z):
         """Validate the shapes of a gradient estimate (before compiling)."""
@@ -517,6 +682,7 @@ class _SGKernel(MCMCKernel):
 
     def _build(self, model_args, model_kwargs):
         """Trace the model once, validate it, and set up the gradient estimator."""
+        self._default_options(None)
         noise_form = self._noise_form()
         if self._model is None:
             if self._potential_fn is not None:
@@ -574,6 +740,8 @@ class _SGKernel(MCMCKernel):
                 stacklevel=3,
             )
         noise_form = self._resolve_noise_form(noise_form, shapes, plates)
+        if self._default_options(plates):
+            noise_form = self._noise_form()
         if noise_form is not None and len(plates) > 1:
             who, fix = self._noise_needed_by()
             raise ValueError(
@@ -586,12 +754,27 @@ class _SGKernel(MCMCKernel):
         }
         self._plate_deterministic = tuple(deterministic)
         self._z_shapes = shapes
+        if self._preconditioner_arg != "none":
+            key, arrays = _args_key(model_args, model_kwargs)
+            cached = self._preconditioner_cache
+            if cached is None or cached[0] != key:
+                if _has_tracer((model_args, model_kwargs)):
+                    raise ValueError(
+                        "step_size=None (or a preconditioner) searches for the "
+                        "mode with the data in hand, but the model arguments are "
+                        "traced (the kernel runs inside jax.jit or another "
+                        "transform). Give step_size with preconditioner='none', or "
+                        "run MCMC outside the transform."
+                    )
+                self._precondition(model_args, model_kwargs, shapes)
+                self._preconditioner_cache = (key, arrays)
         self._estimator = MinibatchEstimator(
             self._model,
             self._plates,
             noise=noise_form == "sd",
             covariance=None if noise_form in (None, "sd") else noise_form,
             replace=self._replace,
+            pullback=None if self.preconditioner is None else self.preconditioner.pull,
         )
         if self._gradient == "control_variates":
             self._estimator = self._control_variates(
@@ -638,6 +821,7 @@ class _SGKernel(MCMCKernel):
             noise=plain.noise,
             covariance=plain.covariance,
             replace=self._replace,
+            pullback=plain.pullback,
         )
 
     def _fixed_centre(self, plain, trace, shapes, model_args, model_kwargs):
@@ -669,9 +853,17 @@ class _SGKernel(MCMCKernel):
                         "centre={site: value} (e.g. posterior_mode(model, "
                         "*args).params) or run MCMC outside the transform."
                     )
-                centre, self.centre_info = _search_centre(
-                    self._model, model_args, model_kwargs, self._chunk_size
-                )
+                if self._mode is not None:  # found for the preconditioner
+                    centre = self._mode
+                    self.centre_info = {
+                        "centre": centre,
+                        "source": "Newton-CG",
+                        **self.adaptation_info["mode_search"],
+                    }
+                else:
+                    centre, self.centre_info = _search_centre(
+                        self._model, model_args, model_kwargs, self._chunk_size
+                    )
                 potential, grad = full(centre)
             if _has_tracer((potential, grad)):
                 return centre, potential, grad
@@ -764,6 +956,19 @@ class _SGKernel(MCMCKernel):
                     f"sites {sorted(self._z_shapes)}; got {got}."
                 )
             return init_params
+        if self.preconditioner is not None:
+            # A draw from the Laplace approximation N(z_hat, L L'): chains start
+            # apart, near the mode, on the posterior's scale.
+            pre = self.preconditioner
+            unravel = ravel_pytree(self._mode)[1]
+
+            def draw(key):
+                u = random.normal(key, pre.loc.shape, pre.loc.dtype)
+                return unravel(pre.to_z(u))
+
+            return (
+                jax.vmap(draw)(rng_key) if not is_prng_key(rng_key) else draw(rng_key)
+            )
         # The search as one compiled function with the data as its arguments:
         # NumPyro's initialize_model runs it op by op, and each op compiled on
         # first use cost about 0.6 s in all.
@@ -839,7 +1044,8 @@ class _SGKernel(MCMCKernel):
             return self._estimate(rng_key, z, model_args, model_kwargs, centre)
 
         probe = jax.eval_shape(probe_fn, random.key(0), one_z)
-        if jax.tree.structure(probe.z_grad) != jax.tree.structure(one_z):
+        expected = one_z if self.preconditioner is None else self.preconditioner.loc
+        if jax.tree.structure(probe.z_grad) != jax.tree.structure(expected):
             raise ValueError(
                 "The gradient estimate does not have the structure of z: "
                 f"{jax.tree.structure(probe.z_grad)} vs {jax.tree.structure(one_z)}."
@@ -897,6 +1103,8 @@ class _SGKernel(MCMCKernel):
     def sample(self, state, model_args, model_kwargs):
         # Runs in Python when NumPyro traces its loop, at the start of each run.
         self._clock.append((None, time.perf_counter()))
+        self._drift_points, self._drift_warned = [], False
+        self._step_checked = False
         model_kwargs = {} if model_kwargs is None else model_kwargs
         new_state = self._sample_impl(state, model_args, model_kwargs)
         if self._recentre_every is not None:
@@ -905,16 +1113,102 @@ class _SGKernel(MCMCKernel):
         first_stop = jnp.any(new_state.num_nonfinite > 0) & jnp.all(
             state.num_nonfinite == 0
         )
-        # One host call for both the warning and the clock (see `wall_time`).
+        # One host call for the warning, the clock (see `wall_time`) and the
+        # stationarity check's thinned draws (see `_check_drift`).
         due = first_stop | _clock_due(new_state.i)
+        flat = (
+            jax.vmap(lambda z: ravel_pytree(z)[0])(new_state.z)
+            if self._batched
+            else ravel_pytree(new_state.z)[0]
+        )
+        step = (
+            jnp.full(jnp.shape(new_state.i), jnp.nan, flat.dtype)
+            if new_state.step_size is None
+            else new_state.step_size
+        )
         return new_state._replace(
-            i=_warn_on_host(due, self._on_host, new_state.i, first_stop)
+            i=_warn_on_host(due, self._on_host, new_state.i, first_stop, flat, step)
         )
 
-    def _on_host(self, i, first_stop):
+    def _on_host(self, i, first_stop, flat, step):
         if first_stop:
             _warn_nonfinite(i)
-        self._clock.append((int(np.max(i)), time.perf_counter()))
+        i = int(np.max(i))
+        self._clock.append((i, time.perf_counter()))
+        if i > self._num_warmup and not getattr(self, "_step_checked", True):
+            self._step_checked = True
+            self._check_step(np.asarray(step))
+        if i > self._num_warmup and i % _CLOCK_EVERY == 0:
+            points = getattr(self, "_drift_points", None)
+            if points is None:
+                points = self._drift_points = []
+            points.append(np.asarray(flat, np.float64).reshape(-1, flat.shape[-1]))
+            if len(points) >= _DRIFT_MIN_POINTS and not (
+                len(points) & (len(points) - 1)
+            ):
+                self._check_drift(i)
+
+    #: ``step_size=None`` warns when warmup ends with a step below this fraction
+    #: of the kernel's target in u.
+    _STEP_WARN_FRACTION = 0.1
+
+    def _check_step(self, step):
+        """Warn when the adapted step of some chain ended warmup far below its
+        target: the gradient noise, not the posterior, then sets the step, and the
+        chain needs many more iterations per independent draw."""
+        if np.all(np.isnan(step)):
+            return
+        smallest = float(np.nanmin(step))
+        if smallest >= self._STEP_WARN_FRACTION * self._STEP_TARGET:
+            return
+        warnings.warn(
+            f"{type(self).__name__}: the gradient noise held the adapted step to "
+            f"{smallest:.3g} in the whitened coordinates (target "
+            f"{self._STEP_TARGET}) at the end of warmup, so each independent draw "
+            f"takes some {(self._STEP_TARGET / smallest) ** 2:.0f} times more "
+            "iterations. Increase the subsample size (the noise sd falls like "
+            "1/sqrt(n)), or use gradient='control_variates' with one subsample "
+            "plate. See state.step_size.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    def _check_drift(self, i):
+        """Warn, once per run, when the sampling draws noted so far (one every
+        ``_CLOCK_EVERY`` iterations) still drift
+        (:func:`~numpyro_sgbd.diagnostics.drift`). Checked when their number
+        reaches 16, 32, 64, ...: a few tests per run."""
+        if getattr(self, "_drift_warned", False):
+            return
+        points = np.concatenate(self._drift_points)
+        found = drift(points)
+        if found is None:
+            return
+        self._drift_warned = True
+        j, t, shift = found
+        warnings.warn(
+            f"The chain is still drifting: over the {i - self._num_warmup} sampling "
+            f"iterations so far, the mean of {self._flat_name(j)} moved {shift:.2g} "
+            f"posterior sds between the first and last quarter ({abs(t):.1f} "
+            f"standard errors; draws every {_CLOCK_EVERY} iterations). The draws do "
+            "not yet come from the stationary law: increase num_warmup (the chain "
+            "may not have reached the posterior) or num_samples, or use "
+            "step_size=None to adapt the start, the preconditioner and the step.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def _flat_name(self, j):
+        """``"site[k]"`` for flat coordinate ``j`` (sites in ``ravel_pytree``'s
+        order, which sorts dict keys)."""
+        if not self._z_shapes:
+            return f"z[{j}]"
+        for name in sorted(self._z_shapes):
+            size = int(np.prod(self._z_shapes[name]))
+            if j < size:
+                return f"{name}[{j}]" if self._z_shapes[name] else name
+            j -= size
+        return f"z[{j}]"
 
     def postprocess_fn(self, model_args, model_kwargs):
         if self._model is None:
@@ -950,6 +1244,8 @@ class _SGKernel(MCMCKernel):
         state = self.__dict__.copy()
         state["_sample_impl"] = None
         state["_centre_cache"] = None
+        state["_preconditioner_cache"] = None
+        state["_drift_points"] = []
         state["_init_fns"] = {}
         state["_init_param_fns"] = {}
         return state
@@ -966,13 +1262,18 @@ class _FirstOrderKernel(_SGKernel):
         gradient_fn=None,
         *,
         step_size=None,
-        variant="vanilla",
+        variant=None,
         beta=0.1,
         init_noise_sd=None,
         **kwargs,
     ):
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
+        if variant is not None and variant not in VARIANTS:
+            raise ValueError(
+                f"variant must be one of {VARIANTS} or None, got {variant!r}."
+            )
+        self._variant_arg = variant
+        if variant is None:  # step_size=None checks the noise: corrected
+            variant = "corrected" if step_size is None else "vanilla"
         if not (isinstance(beta, (int, float)) and 0 < beta < 1):
             raise ValueError(f"beta must be a number in (0, 1), got {beta!r}.")
         if init_noise_sd is not None:
@@ -1006,7 +1307,35 @@ class _FirstOrderKernel(_SGKernel):
 
     @property
     def variant(self):
+        """The variant: as given, or by default ``"corrected"`` with
+        ``step_size=None`` (``"vanilla"`` for a model with several subsample plates,
+        whose noise cannot be estimated) and ``"vanilla"`` otherwise."""
         return self._variant
+
+    def _default_options(self, plates):
+        super()._default_options(plates)
+        if plates is None:
+            if self._variant_arg is None:
+                self._variant = (
+                    "corrected" if self._step_size_arg is None else "vanilla"
+                )
+            return False
+        if (
+            self._variant_arg is None
+            and self._variant == "corrected"
+            and len(plates) > 1
+        ):
+            warnings.warn(
+                f"The model subsamples {sorted(plates)}: the gradient noise can be "
+                "estimated for one subsample plate only, so step_size=None runs "
+                "variant='vanilla' and cannot keep the step within the noise "
+                "tolerance. Subsample a single plate for the corrected variant.",
+                UserWarning,
+                stacklevel=4,
+            )
+            self._variant = "vanilla"
+            return True
+        return False
 
     def _noise_form(self):
         return "sd" if self._variant == "corrected" else None
@@ -1029,11 +1358,29 @@ class _FirstOrderKernel(_SGKernel):
             f"over tolerance {100 * float(state.tolerance_exceeded):.0f}%"
         ]
 
+    #: With ``step_size=None`` and a noise estimate, the step is kept below
+    #: ``_NOISE_CAP / max_j tau_j`` (subclasses set it from their tolerance).
+    _NOISE_CAP = 1.0
+
+    def _step_allowed(self, state):
+        target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
+        if state.noise_sd is None:
+            return target
+        largest = jnp.max(
+            jnp.stack([jnp.max(x) for x in jax.tree.leaves(state.noise_sd)])
+        )
+        return jnp.minimum(target, self._NOISE_CAP / largest)
+
     def _noise_tree(self, z, estimate_noise):
         if estimate_noise is None:
             return None
         if self._init_noise_sd is None:
             return estimate_noise
+        if self.preconditioner is not None and isinstance(self._init_noise_sd, dict):
+            raise ValueError(
+                "with a preconditioner the noise sd is in the whitened coordinates "
+                "u, which have no sites: give init_noise_sd as a scalar."
+            )
         if isinstance(self._init_noise_sd, dict):
             return {
                 k: jnp.broadcast_to(
@@ -1046,7 +1393,7 @@ class _FirstOrderKernel(_SGKernel):
             lambda x: jnp.full(
                 jnp.shape(x), self._init_noise_sd, jnp.result_type(float)
             ),
-            z,
+            estimate_noise,
         )
 
     def _init_state(self, rng_key, z, model_args, model_kwargs):
@@ -1054,7 +1401,7 @@ class _FirstOrderKernel(_SGKernel):
         centre = self._initial_centre(z, model_args, model_kwargs)
         est = self._estimate(key_est, z, model_args, model_kwargs, centre)
         noise_sd = self._noise_tree(z, est.noise_sd)
-        return SGState(
+        state = SGState(
             i=jnp.array(0),
             z=z,
             z_grad=est.z_grad,
@@ -1070,12 +1417,26 @@ class _FirstOrderKernel(_SGKernel):
             centre=centre,
             rng_key=rng_key,
         )
+        if self._step_size_arg is None:
+            state = state._replace(step_size=self._step_allowed(state))
+        return state
+
+    def _move(self, rng_key, state):
+        """The update rule's move from ``state``: ``(z, exceeded)``. With a
+        preconditioner the rule runs in u (its increment from u = 0, the rules
+        being translation-equivariant) and z moves by ``L du``."""
+        step = self._step(state)
+        if self.preconditioner is None:
+            return self._update(rng_key, state.z, state.z_grad, step, state.noise_sd)
+        flat, unravel = ravel_pytree(state.z)
+        du, exceeded = self._update(
+            rng_key, jnp.zeros_like(state.z_grad), state.z_grad, step, state.noise_sd
+        )
+        return unravel(flat + self.preconditioner.move(du)), exceeded
 
     def _sample_one(self, state, model_args, model_kwargs):
         rng_key, key_move, key_est = random.split(state.rng_key, 3)
-        z, exceeded = self._update(
-            key_move, state.z, state.z_grad, self._step_size, state.noise_sd
-        )
+        z, exceeded = self._move(key_move, state)
         est = self._estimate(key_est, z, model_args, model_kwargs, state.centre)
         if state.noise_sd is None:
             noise_sd, mean_noise_sd, frac = None, jnp.array(jnp.nan), jnp.array(jnp.nan)
@@ -1109,7 +1470,9 @@ class _FirstOrderKernel(_SGKernel):
             state.num_nonfinite,
             state.centre,
             rng_key,
+            state.step_size,
         )
+        moved = self._adapt_step(moved)
         stopped = state._replace(
             i=state.i + 1, num_nonfinite=state.num_nonfinite + 1, rng_key=rng_key
         )
@@ -1152,8 +1515,24 @@ class SGBD(_FirstOrderKernel):
     :param step_size: :math:`\sigma`, a positive scalar, or a dict
         ``{site: value}`` broadcastable to each site's unconstrained shape for
         per-coordinate steps (diagonal preconditioning, SGBD paper supplement D.3).
+        Default ``None``: adapted in warmup, in the whitened coordinates u of the
+        full-data Hessian at the mode, and fixed from the end of warmup (target 0.5
+        in u, lowered to keep every move inside the noise tolerance
+        :math:`|w| < 1.702/\hat\tau`, eq. 8; see :ref:`adaptation`). Needs a
+        model.
     :param str variant: ``"vanilla"`` (Algorithm 2), ``"corrected"`` (Algorithm 3) or
-        ``"extreme"`` (Algorithm 4).
+        ``"extreme"`` (Algorithm 4). Default ``None``: ``"corrected"`` with
+        ``step_size=None`` (``"vanilla"``, with a warning, for a model with several
+        subsample plates), ``"vanilla"`` with a given step size.
+    :param str preconditioner: the change of variables :math:`z = \hat z + Lu`,
+        :math:`LL^\top \approx H^{-1}` at the full-data mode :math:`\hat z`, in
+        which the update rule runs (:mod:`~numpyro_sgbd.preconditioning`):
+        ``"dense"``, ``"lowrank"``, ``"diagonal"``, ``"auto"`` (dense for d <= 100,
+        low-rank above) or ``"none"``. Default ``None``: ``"auto"`` with
+        ``step_size=None``, ``"none"`` with a given step size (which is then a
+        scalar in u). Without ``init_params`` chains start at draws from the
+        Laplace approximation :math:`N(\hat z, LL^\top)`. What was chosen and what
+        it cost: :attr:`adaptation_info`.
     :param str increment: ``"bimodal"`` (default; :math:`w \sim N(\sigma,
         (0.1\sigma)^2)`, by symmetry the paper's bimodal law) or ``"gaussian"``
         (:math:`w \sim N(0, \sigma^2)`).
@@ -1175,7 +1554,7 @@ class SGBD(_FirstOrderKernel):
     :param int log_likelihood_size: how many data points the ``model`` property (and so
         ArviZ's ``log_likelihood`` and ``observed_data`` groups) evaluates; default the
         subsample size.
-    :param str gradient: ``"minibatch"`` (default), or ``"control_variates"``: the
+    :param str gradient: ``"minibatch"``, or ``"control_variates"``: the
         minibatch gradient around a centre :math:`\hat z`,
         :math:`\nabla U(\hat z) + \nabla\hat U_S(z) - \nabla\hat U_S(\hat z)`
         (:class:`~numpyro_sgbd.estimators.ControlVariateEstimator`), unbiased, with a
@@ -1184,6 +1563,9 @@ class SGBD(_FirstOrderKernel):
         corrected SGBD stays within its tolerance on large N. A step costs about two
         minibatch gradients; the full-data potential and gradient at the centre are
         computed once, in chunks. Needs a model with one subsample plate.
+        Default ``None``: ``"control_variates"`` (centred at the mode the
+        adaptation finds) with ``step_size=None`` and one subsample plate,
+        ``"minibatch"`` otherwise.
     :param dict centre: the control variates' centre, constrained values by site
         (as ``mcmc.get_samples()`` or :func:`~numpyro_sgbd.posterior_mode` give).
         Default: the full-data mode, found as :func:`~numpyro_sgbd.posterior_mode`
@@ -1237,7 +1619,7 @@ class SGBD(_FirstOrderKernel):
         gradient_fn=None,
         *,
         step_size=None,
-        variant="vanilla",
+        variant=None,
         increment="bimodal",
         **kwargs,
     ):
@@ -1254,6 +1636,15 @@ class SGBD(_FirstOrderKernel):
             variant=variant,
             **kwargs,
         )
+
+    # In u (unit posterior scale) a Barker step of 0.5 gave xi 0.016 and a mean
+    # bias of 0.04 sd on a 26,000-row logistic regression (issue 17); the
+    # coordinates of a product target move independently, so it does not
+    # shrink with d. The increment |w| stays below 1.3 sigma with the bimodal law
+    # (N(sigma, (0.1 sigma)^2)), so tau sigma < 1.702 / 1.3 keeps every move inside
+    # the corrected rule's tolerance |w| < 1.702 / tau (SGBD paper, eq. 8).
+    _STEP_TARGET = 0.5
+    _NOISE_CAP = BARKER_TOLERANCE / 1.3
 
     def _update(self, rng_key, z, z_grad, step_size, noise_sd):
         return barker_step(
@@ -1279,7 +1670,9 @@ class SGLD(_FirstOrderKernel):
 
     ``step_size`` is :math:`\sigma` in the SGBD paper's parameterisation; BlackJAX's
     ``sgld`` step size is :math:`\epsilon = \sigma^2/2`. All other arguments are as
-    for :class:`SGBD` (there is no ``increment``). ``tolerance_exceeded`` counts the
+    for :class:`SGBD` (there is no ``increment``); with ``step_size=None`` the
+    target in the whitened coordinates is 0.4, lowered to keep
+    :math:`\hat\tau\sigma < 1.6`. ``tolerance_exceeded`` counts the
     coordinates where the gradient noise alone exceeds the injected variance
     (:math:`\hat\tau\sigma \ge 2`).
 
@@ -1301,6 +1694,14 @@ class SGLD(_FirstOrderKernel):
     True
     """
 
+    # Unadjusted Langevin on a standard normal has variance 1 / (1 - sigma^2 / 4):
+    # sigma = 0.4 overstates the sd by 2 %, 0.5 by 3 % (xi 0.023 measured on the
+    # 26,000-row regression of issue 17). The corrected noise variance
+    # sigma^2 - tau^2 sigma^4 / 4 is positive while tau sigma < 2; the cap keeps
+    # a fifth of that margin.
+    _STEP_TARGET = 0.4
+    _NOISE_CAP = 1.6
+
     def _update(self, rng_key, z, z_grad, step_size, noise_sd):
         return langevin_step(
             rng_key, z, z_grad, step_size, variant=self._variant, noise_sd=noise_sd
@@ -1319,7 +1720,9 @@ NOGINState = namedtuple(
         "num_nonfinite",
         "centre",
         "rng_key",
+        "step_size",
     ],
+    defaults=(None,),
 )
 NOGINState.__doc__ = """
 State of :class:`NOGIN`. The scalar fields can be collected with
@@ -1474,6 +1877,12 @@ class NOGIN(_SGKernel):
         ``covariance`` names (over z raveled by
         :func:`~jax.flatten_util.ravel_pytree`). Needs ``init_params``.
     :param float step_size: h, a positive scalar (precondition with ``mass``).
+        Default ``None``: adapted in warmup in the whitened coordinates u of the
+        full-data Hessian H at the mode, where the mass is the identity (M = H in
+        z; dense where the preconditioner is): target 0.5, lowered while
+        ``noise_damping`` exceeds 1, fixed from the end of warmup (see
+        :ref:`adaptation`). Needs a model and ``mass=1.0``.
+    :param str preconditioner: as for :class:`SGBD`.
     :param float friction: :math:`\gamma > 0`. Default 1.
     :param mass: the diagonal of M: a positive scalar, an array broadcastable to z,
         or a dict ``{site: value}`` broadcastable to each site's unconstrained shape.
@@ -1550,6 +1959,15 @@ class NOGIN(_SGKernel):
         super().__init__(
             model, potential_fn, gradient_fn, step_size=step_size, **kwargs
         )
+        if self._preconditioner_arg != "none" and not (
+            np.ndim(mass) == 0 and not isinstance(mass, dict) and float(mass) == 1.0
+        ):
+            raise ValueError(
+                "with a preconditioner (step_size=None, or preconditioner=...) the "
+                "mass is the identity in the whitened coordinates u, M = H at the "
+                "mode in z: leave mass=1.0, or pass preconditioner='none' with a "
+                "step_size and your own mass."
+            )
         self._friction = float(friction)
         self._inverse_temperature = float(inverse_temperature)
         self._mass_arg = mass
@@ -1626,7 +2044,30 @@ class NOGIN(_SGKernel):
         except ValueError as err:
             raise ValueError(f"The gradient estimate's noise_cov: {err}") from None
 
-    def _kick(self, rng_key, p, z_grad, noise_cov):
+    # Exact for a Gaussian target with Gaussian noise whatever h < 2 in units of
+    # the posterior sd (Matthews & Weare, Lemma 4.2); 0.5 in u keeps the
+    # second-order bias of non-Gaussian targets (their Theorem 4.1) small. The
+    # noise term's damping grows like h^2: the step is kept where it is <= 1
+    # (Section 4.3: beyond it the momentum is cancelled every step).
+    _STEP_TARGET = 0.5
+
+    def _step_allowed(self, state):
+        target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
+        damping = state.noise_damping
+        step = self._step(state)
+        allowed = jnp.where(damping > 1.0, step / jnp.sqrt(damping), jnp.inf)
+        return jnp.minimum(target, allowed).astype(target.dtype)
+
+    def _drift(self, flat, p, step):
+        """Half a step of position, ``h M^-1 p / 2``; in z through L where there is
+        a preconditioner (M = I in u)."""
+        if self.preconditioner is None:
+            return nogin_drift(flat, p, step, self._mass)
+        return flat + self.preconditioner.move(
+            nogin_drift(jnp.zeros_like(p), p, step, self._mass)
+        )
+
+    def _kick(self, rng_key, p, z_grad, noise_cov, step):
         if noise_cov is None:  # exact gradients: Sigma = 0
             noise_cov, covariance = jnp.zeros_like(p), "diag"
         else:
@@ -1636,7 +2077,7 @@ class NOGIN(_SGKernel):
             p,
             ravel_pytree(z_grad)[0],
             noise_cov,
-            self._step_size,
+            step,
             self._friction,
             covariance=covariance,
             mass=self._mass,
@@ -1657,7 +2098,7 @@ class NOGIN(_SGKernel):
             if noise is None
             else _mean_noise_sd(noise, self._covariance)
         )
-        return NOGINState(
+        state = NOGINState(
             i=jnp.array(0),
             z=z,
             p=p,
@@ -1670,16 +2111,22 @@ class NOGIN(_SGKernel):
             centre=centre,
             rng_key=rng_key,
         )
+        if self._step_size_arg is None:
+            state = state._replace(step_size=jnp.asarray(self._STEP_TARGET, flat.dtype))
+        return state
 
     def _sample_one(self, state, model_args, model_kwargs):
         rng_key, key_kick, key_est = random.split(state.rng_key, 3)
         flat, unravel = ravel_pytree(state.z)
-        flat = nogin_drift(flat, state.p, self._step_size, self._mass)
+        step = self._step(state)
+        flat = self._drift(flat, state.p, step)
         est = self._estimate(
             key_est, unravel(flat), model_args, model_kwargs, state.centre
         )
-        p, damping, mean_sd = self._kick(key_kick, state.p, est.z_grad, est.noise_cov)
-        flat = nogin_drift(flat, p, self._step_size, self._mass)
+        p, damping, mean_sd = self._kick(
+            key_kick, state.p, est.z_grad, est.noise_cov, step
+        )
+        flat = self._drift(flat, p, step)
         potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
         ok = (
             _finite((flat, p, damping))
@@ -1699,7 +2146,9 @@ class NOGIN(_SGKernel):
             state.num_nonfinite,
             state.centre,
             rng_key,
+            state.step_size,
         )
+        moved = self._adapt_step(moved)
         stopped = state._replace(
             i=state.i + 1, num_nonfinite=state.num_nonfinite + 1, rng_key=rng_key
         )

@@ -549,7 +549,10 @@ def test_bad_models_raise_before_sampling(model, match, kernel_name):
         ({"step_size": -1.0}, "step_size must be positive"),
         ({"step_size": float("nan")}, "step_size must be positive"),
         ({"step_size": float("inf")}, "step_size must be positive"),
-        ({}, "step_size is required"),
+        ({"preconditioner": "full"}, "preconditioner must be one of"),
+        ({"preconditioner": "none"}, "with preconditioner='none' give step_size"),
+        ({"step_size": {"mu": 0.1}, "preconditioner": "dense"}, "no sites"),
+        ({"step_size": 0.1, "centre": {"mu": 0.0}}, "centre is the control"),
         ({"step_size": {"mu": 0.0}}, r"step_size\['mu'\] must be positive"),
         ({"step_size": 0.1, "variant": "fancy"}, "variant must be one of"),
         ({"step_size": 0.1, "beta": 1.0}, "beta must be"),
@@ -563,10 +566,20 @@ def test_bad_arguments_raise_at_construction(kwargs, match):
         SGBD(gaussian_model, **kwargs)
 
 
+def test_adaptation_needs_a_model():
+    def potential(z):
+        return 0.5 * jnp.sum(z**2)
+
+    with pytest.raises(ValueError, match="step_size is required with potential_fn"):
+        SGLD(potential_fn=potential)
+    with pytest.raises(ValueError, match="it needs a model"):
+        SGLD(potential_fn=potential, step_size=0.1, preconditioner="diagonal")
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({}, "step_size is required"),
+        ({"mass": 2.0}, "mass is the identity in the whitened"),
         ({"step_size": {"mu": 0.1}}, "NOGIN's step_size must be a positive scalar"),
         ({"step_size": -0.1}, "step_size must be positive"),
         ({"step_size": 0.1, "friction": 0.0}, "friction must be positive"),

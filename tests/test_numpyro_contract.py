@@ -284,6 +284,73 @@ def test_parallel_control_variates_end_to_end(y, kernel_name):
     assert mcmc.get_samples(group_by_chain=True)["mu"].shape == (2, 100)
 
 
+# ------------------------------------------------- step_size=None (adapted)
+ADAPTED = {"SGBD": SGBD, "SGLD": SGLD, "NOGIN": NOGIN}
+
+
+@ALL_KERNELS
+@pytest.mark.parametrize("chain_method", ["parallel", "vectorized"])
+def test_adapted_chains_end_to_end(y, kernel_name, chain_method):
+    """No step size: each chain adapts its own step, fixed after warmup; ArviZ; a
+    second run on the same data reuses the mode and L; a resume keeps the step;
+    nothing the kernel keeps is a tracer; the answer is the conjugate posterior."""
+    import arviz as az
+
+    mcmc = _run(
+        ADAPTED[kernel_name](normal_model),
+        y,
+        num_warmup=100,
+        num_samples=300,
+        num_chains=2,
+        chain_method=chain_method,
+        extra_fields=("step_size",),
+    )
+    _no_tracers(mcmc.sampler)
+    steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["step_size"])
+    assert steps.shape == (2, 300) and np.all(steps == steps[:, :1])
+    assert az.from_numpyro(mcmc).posterior["mu"].shape == (2, 300)
+    info = mcmc.sampler.adaptation_info
+    mcmc.run(random.key(1), y)
+    assert mcmc.sampler.adaptation_info is info  # same data: no second search
+    last = np.asarray(mcmc.last_state.step_size)
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.post_warmup_state.rng_key, y, extra_fields=("step_size",))
+    again = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["step_size"])
+    np.testing.assert_array_equal(again, np.broadcast_to(last[:, None], again.shape))
+    _no_tracers(mcmc.sampler)
+    # 600 draws in all, whitened: the mean's Monte Carlo error is well under a
+    # posterior sd; 0.5 sd allows an ESS down to about 20.
+    mu = np.asarray(mcmc.get_samples()["mu"])
+    assert abs(mu.mean() - _posterior_mu(y)) < 0.5 * MU_SD
+
+
+@ALL_KERNELS
+@pytest.mark.parametrize("jit_model_args", [False, True])
+def test_adapted_reuse_mcmc_run(kernel_name, jit_model_args):
+    # NumPyro's test_reuse_mcmc_run as NumPyro wrote it, with no init_params:
+    # step_size=None finds each data set's mode and scale, as NUTS's warmup does.
+    y1 = np.random.default_rng(0).normal(3, 0.1, (100,))
+    y2 = np.random.default_rng(1).normal(-3, 0.1, (50,))
+
+    def model(y_obs):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        sigma = numpyro.sample("sigma", dist.HalfCauchy(3.0))
+        with numpyro.plate("data", y_obs.shape[0], subsample_size=25) as idx:
+            numpyro.sample("y", dist.Normal(mu, sigma), obs=y_obs[idx])
+
+    mcmc = MCMC(
+        ADAPTED[kernel_name](model),
+        num_warmup=300,
+        num_samples=500,
+        jit_model_args=jit_model_args,
+        progress_bar=False,
+    )
+    mcmc.run(random.key(32), y1)
+    assert abs(float(mcmc.get_samples()["mu"].mean()) - 3.0) < 0.1
+    mcmc.run(random.key(32), y2)
+    assert abs(float(mcmc.get_samples()["mu"].mean()) + 3.0) < 0.1
+
+
 # ------------------------------------------------------------ runs and re-runs
 @ALL_KERNELS
 @pytest.mark.parametrize("jit_model_args", [False, True])

@@ -1,0 +1,245 @@
+"""step_size=None: the start at the mode, the preconditioner z = z_hat + L u, the
+step size adapted in warmup, and the stationarity warning (issue 17)."""
+
+import pickle
+import warnings
+
+import arviz as az
+import jax
+from jax import random
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import MCMC
+import pytest
+
+from numpyro_sgbd import NOGIN, SGBD, SGLD, preconditioning
+from numpyro_sgbd.diagnostics import drift
+
+KERNELS = {"SGBD": SGBD, "SGLD": SGLD, "NOGIN": NOGIN}
+N, D, PRIOR_SD = 2000, 4, 10.0
+
+
+def _design():
+    """Covariates whose posterior has condition number about 10^6: two nearly
+    collinear columns and two of very different scales."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=N)
+    x = np.stack(
+        [
+            base + 0.01 * rng.normal(size=N),
+            base - 0.01 * rng.normal(size=N),
+            20.0 * rng.normal(size=N),
+            0.1 * rng.normal(size=N),
+        ],
+        axis=1,
+    )
+    y = x @ np.array([1.0, -0.5, 0.2, 2.0]) + rng.normal(size=N)
+    precision = x.T @ x + np.eye(D) / PRIOR_SD**2
+    cov = np.linalg.inv(precision)
+    return x.astype(np.float32), y.astype(np.float32), cov @ (x.T @ y), cov
+
+
+X, Y, EXACT_MEAN, EXACT_COV = _design()
+
+
+def regression(x, y):
+    b = numpyro.sample("b", dist.Normal(0.0, PRIOR_SD).expand([D]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=100) as idx:
+        numpyro.sample("y", dist.Normal(x[idx] @ b, 1.0), obs=y[idx])
+
+
+def test_the_design_is_ill_conditioned():
+    assert np.linalg.cond(EXACT_COV) > 1e6
+
+
+@pytest.fixture(scope="module", params=sorted(KERNELS))
+def adapted_run(request):
+    kernel = KERNELS[request.param](regression)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=500,
+        num_samples=12_000,
+        num_chains=2,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run(random.key(1), X, Y, extra_fields=("step_size",))
+        draws = np.asarray(mcmc.get_samples(group_by_chain=True)["b"], np.float64)
+    return request.param, kernel, mcmc, draws, caught
+
+
+def test_whitened_sampling_matches_the_exact_gaussian(adapted_run):
+    # No step size, no init: the draws, whitened by the exact posterior
+    # covariance, must be standard normal within Monte Carlo error plus the
+    # discretisation bias a step of 0.5 in u allows (a few % of the variance).
+    name, kernel, _, draws, _ = adapted_run
+    assert kernel.preconditioner.form == "dense"
+    chol = np.linalg.cholesky(EXACT_COV)
+    v = np.linalg.solve(chol, (draws - EXACT_MEAN)[..., None])[..., 0]
+    ess = np.asarray(az.ess(az.convert_to_dataset(v)).to_array()).ravel()
+    ess_min = float(ess.min())
+    assert ess_min > 200, (name, ess)
+    flat = v.reshape(-1, D)
+    # Means: standard error 1/sqrt(ESS) in these units.
+    mcse = 1.0 / np.sqrt(ess_min)
+    np.testing.assert_array_less(np.abs(flat.mean(0)), 5 * mcse + 0.05)
+    # Covariance: entry standard errors about sqrt(2 / ESS); allowance 0.12 for
+    # the step's variance inflation (SGLD at 0.4 in u: 1 / (1 - 0.04) - 1 = 4 %).
+    cov = np.cov(flat.T)
+    np.testing.assert_array_less(
+        np.abs(cov - np.eye(D)), 5 * np.sqrt(2 / ess_min) + 0.12
+    )
+
+
+def test_the_step_is_adapted_per_chain_and_fixed_after_warmup(adapted_run):
+    name, kernel, mcmc, _, caught = adapted_run
+    steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["step_size"])
+    assert steps.shape == (2, 12_000)
+    assert np.all(steps == steps[:, :1]), "the step changed after warmup"
+    assert np.all((steps > 0) & (steps <= kernel._STEP_TARGET))
+    np.testing.assert_array_equal(np.asarray(mcmc.last_state.step_size), steps[:, -1])
+    info = kernel.adaptation_info
+    assert info["preconditioner"] == "dense" and info["mode_search"]["converged"]
+    assert info["seconds"] > 0 and info["preconditioner_bytes"] == (2 * D * D + D) * 4
+    # The control variates' centre is the mode the adaptation found: one search.
+    assert kernel.centre_info["source"] == "Newton-CG"
+    assert not [w for w in caught if "drifting" in str(w.message)]
+    assert not [w for w in caught if "held the adapted step" in str(w.message)]
+
+
+def test_a_resumed_run_keeps_the_adapted_step(adapted_run):
+    _, _, mcmc, _, _ = adapted_run
+    before = np.asarray(mcmc.last_state.step_size)
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.post_warmup_state.rng_key, X, Y, extra_fields=("step_size",))
+    steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["step_size"])
+    np.testing.assert_array_equal(steps, np.broadcast_to(before[:, None], steps.shape))
+    mcmc.post_warmup_state = None
+
+
+def test_an_adapted_kernel_pickles_and_runs_again():
+    kernel = SGLD(regression)
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=50, progress_bar=False)
+    mcmc.run(random.key(0), X, Y)
+    again = pickle.loads(pickle.dumps(mcmc))
+    again.run(random.key(1), X, Y)
+    assert np.all(np.isfinite(np.asarray(again.get_samples()["b"])))
+    assert again.sampler.preconditioner.form == "dense"
+
+
+@pytest.mark.parametrize("form", ["lowrank", "diagonal"])
+def test_other_forms_start_at_the_mode_and_sample(form):
+    kernel = SGBD(regression, preconditioner=form)
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=2000, progress_bar=False)
+    mcmc.run(random.key(2), X, Y)
+    draws = np.asarray(mcmc.get_samples()["b"], np.float64)
+    assert kernel.preconditioner.form == form
+    assert (
+        kernel.adaptation_info["preconditioner_bytes"] < 2 * D * D * 4
+        or form == "lowrank"
+    )
+    # Near the posterior from the first draw (a start at the mode), even where
+    # the diagonal form mixes slowly along the collinear pair.
+    sd = np.sqrt(np.diag(EXACT_COV))
+    assert np.all(np.abs(draws[0] - EXACT_MEAN) / sd < 6)
+
+
+def test_a_given_step_size_keeps_the_old_path():
+    kernel = SGBD(regression, step_size=1e-3)
+    assert kernel.variant == "vanilla"
+    mcmc = MCMC(kernel, num_warmup=0, num_samples=3, progress_bar=False)
+    mcmc.run(random.key(0), X, Y)
+    assert kernel.preconditioner is None and kernel.adaptation_info is None
+    assert mcmc.last_state.step_size is None
+    assert kernel._gradient == "minibatch"
+
+
+def test_a_dense_preconditioner_past_the_memory_limit_is_an_error_before_work():
+    def wide(y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([20_000]).to_event(1))
+        with numpyro.plate("data", y.shape[0], subsample_size=10) as idx:
+            numpyro.sample("y", dist.Normal(w[0], 1.0), obs=y[idx])
+
+    mcmc = MCMC(SGBD(wide, preconditioner="dense"), num_warmup=5, num_samples=5)
+    with pytest.raises(ValueError, match="preconditioner='dense' needs 3.0 GiB"):
+        mcmc.run(random.key(0), jnp.ones(100))
+
+
+def test_several_subsample_plates_fall_back_to_vanilla_with_a_warning():
+    def two_plates(a, b):
+        mu = numpyro.sample("mu", dist.Normal(0, 10))
+        with numpyro.plate("a", a.shape[0], subsample_size=10) as i:
+            numpyro.sample("ya", dist.Normal(mu, 1), obs=a[i])
+        with numpyro.plate("b", b.shape[0], subsample_size=10) as j:
+            numpyro.sample("yb", dist.Normal(mu, 1), obs=b[j])
+
+    kernel = SGBD(two_plates)
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False)
+    with pytest.warns(UserWarning, match="runs variant='vanilla'"):
+        mcmc.run(random.key(0), jnp.ones(50), jnp.ones(60))
+    assert kernel.variant == "vanilla" and kernel._gradient == "minibatch"
+
+
+def test_the_stationarity_warning_fires_on_a_drifting_chain():
+    # A step far too small for the scale, started 30 posterior sds away: the
+    # chain is still travelling when sampling begins.
+    kernel = SGLD(regression, step_size=1e-4, variant="corrected")
+    mcmc = MCMC(kernel, num_warmup=100, num_samples=4200, progress_bar=False)
+    start = {
+        "b": jnp.asarray(EXACT_MEAN + 30 * np.sqrt(np.diag(EXACT_COV)), jnp.float32)
+    }
+    with pytest.warns(RuntimeWarning, match=r"still drifting.*mean of b\[\d\] moved"):
+        mcmc.run(random.key(3), X, Y, init_params=start)
+        jax.block_until_ready(mcmc.get_samples())
+
+
+def tiny_batches(x, y):
+    b = numpyro.sample("b", dist.Normal(0.0, PRIOR_SD).expand([D]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=2) as idx:
+        numpyro.sample("y", dist.Normal(x[idx] @ b, 1.0), obs=y[idx])
+
+
+def test_a_step_held_down_by_the_noise_is_reported():
+    # Two rows of 2,000 per step without control variates: the noise sd in u is
+    # about sqrt(N / n) ~ 30, so the tolerance holds the step near 0.04 of 0.5.
+    kernel = SGBD(tiny_batches, gradient="minibatch")
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=300, progress_bar=False)
+    with pytest.warns(UserWarning, match=r"held the adapted step to .*\(target 0\.5"):
+        mcmc.run(random.key(0), X, Y)
+        jax.block_until_ready(mcmc.get_samples())
+    assert float(mcmc.last_state.step_size) < 0.05
+
+
+def test_drift_flags_a_trend_and_not_noise():
+    rng = np.random.default_rng(5)
+    misses = sum(drift(rng.normal(size=(64, 10))) is not None for _ in range(200))
+    assert misses <= 2  # alpha = 1e-3 per test
+    trend = rng.normal(size=(64, 10))
+    trend[:, 7] += np.linspace(0, 3, 64)
+    assert drift(trend)[0] == 7
+
+
+def test_dense_and_lowrank_maps_whiten_the_hessian():
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(6, 6))
+    h = a @ a.T + np.diag(np.exp(rng.uniform(-4, 4, 6)))
+    loc = jnp.asarray(rng.normal(size=6), jnp.float32)
+    eye = jnp.eye(6, dtype=jnp.float32)
+    for pre in (
+        preconditioning.dense(loc, h),
+        preconditioning.lowrank(
+            loc, np.diag(h), lambda v: v @ jnp.asarray(h, jnp.float32), rank=6
+        ),
+    ):
+        lmat = np.stack([np.asarray(pre.move(e), np.float64) for e in eye], axis=1)
+        # L L' = H^-1 (not H, and not L' L: the map is not symmetric).
+        np.testing.assert_allclose(lmat @ lmat.T @ h, np.eye(6), atol=1e-4)
+        np.testing.assert_allclose(np.asarray(pre.pull(eye)), lmat, atol=1e-5)
+        u = jnp.asarray(rng.normal(size=6), jnp.float32)
+        np.testing.assert_allclose(pre.to_u(pre.to_z(u)), u, atol=1e-4)
+    with pytest.raises(ValueError, match="not positive definite"):
+        preconditioning.dense(loc, -np.eye(6))
