@@ -1117,7 +1117,10 @@ class _SGKernel(MCMCKernel):
         # stationarity check's thinned draws (see `_check_drift`).
         due = first_stop | _clock_due(new_state.i)
         flat = (
-            jax.vmap(lambda z: ravel_pytree(z)[0])(new_state.z)
+            # axis_size: a model with no latent site has an empty z.
+            jax.vmap(
+                lambda z: ravel_pytree(z)[0], axis_size=jnp.shape(new_state.i)[0]
+            )(new_state.z)
             if self._batched
             else ravel_pytree(new_state.z)[0]
         )
