@@ -25,6 +25,14 @@ Matrix Computations, Section 10.1), one Hessian-vector product each, so that the
 directions the diagonal misses most (the scaled Hessian's extreme eigenvalues:
 strongly correlated parameters) are whitened too. No d x d array is formed for
 ``lowrank`` or ``diagonal``.
+
+L is the Laplace approximation's, so where the posterior is far from Gaussian
+(a scale mixture, heavy tails, a skewed scale parameter) the posterior sds of u can
+be far from 1. ``adapt_mass_matrix`` re-estimates them from each chain's warmup
+draws, in windows as NUTS's diagonal mass adaptation does (Stan Reference Manual,
+"HMC algorithm parameters": an initial buffer, doubling windows, a terminal
+buffer): u = diag(s) v, and the update rule runs in v (:func:`scale_windows`,
+:func:`scale_update`).
 """
 
 from typing import NamedTuple
@@ -37,10 +45,14 @@ __all__ = [
     "DENSE_MAX_DIM",
     "DENSE_MAX_BYTES",
     "Preconditioner",
+    "ScaleAdaptation",
     "choose_preconditioner",
     "dense",
     "diagonal",
     "lowrank",
+    "scale_init",
+    "scale_update",
+    "scale_windows",
 ]
 
 #: ``preconditioner="auto"`` is dense up to this many parameters, low-rank plus
@@ -256,3 +268,90 @@ def lowrank(loc, hessian_diag, hvp, *, rank=LOWRANK_RANK, seed=0):
         jnp.asarray(theta**-0.5 - 1, dtype),
         jnp.asarray(theta**0.5 - 1, dtype),
     )
+
+
+# ------------------------------------------------ scales of u from warmup draws
+#: The fewest warmup iterations with which ``adapt_mass_matrix`` re-estimates the
+#: scales (below it they stay 1: the windows would hold too few draws).
+SCALE_MIN_WARMUP = 200
+#: Pseudo-draws at the Laplace scale 1 added to each window's variance (Stan adds
+#: 5 at 10^-3; in u the prior guess is 1, so the shrinkage is towards L itself).
+SCALE_SHRINKAGE = 5.0
+
+
+class ScaleAdaptation(NamedTuple):
+    """Per-chain state of the windowed re-estimation of u's scales.
+
+    :ivar scale: s, the current per-coordinate sd of u (ones at the start), (d,).
+    :ivar mean: the current window's running mean of u, (d,).
+    :ivar m2: its running sum of squared deviations (Welford), (d,).
+    :ivar count: draws in the current window, a scalar.
+    """
+
+    scale: jax.Array
+    mean: jax.Array
+    m2: jax.Array
+    count: jax.Array
+
+
+def scale_windows(num_warmup):
+    """``(start, ends)``: the iteration after which the first window opens and the
+    iterations at which each window closes (an empty ``ends`` when ``num_warmup <``
+    :data:`SCALE_MIN_WARMUP`).
+
+    The first 15 % of warmup is a buffer (the chain leaves its start), then three
+    windows of doubling length close at 60 %: each new estimate of s is used by the
+    next window, the last one from 60 % on. The step size is adapted after it, with
+    the scales fixed (see the kernels).
+
+    >>> scale_windows(1000)
+    (150, (214, 343, 600))
+    >>> scale_windows(100)
+    (100, ())
+    """
+    num_warmup = int(num_warmup)
+    if num_warmup < SCALE_MIN_WARMUP:
+        return num_warmup, ()
+    start, stop = int(0.15 * num_warmup), int(0.6 * num_warmup)
+    base = (stop - start) / 7
+    ends = (start + round(base), start + round(3 * base), stop)
+    return start, ends
+
+
+def scale_init(d, dtype):
+    """The state at the start: s = 1 (L as the Laplace approximation gives it)."""
+    zeros = jnp.zeros(d, dtype)
+    return ScaleAdaptation(jnp.ones(d, dtype), zeros, zeros, jnp.zeros((), dtype))
+
+
+def scale_update(adapt, u, i, start, ends):
+    """Add the draw ``u`` (flat, in u) taken at iteration ``i`` to the open window;
+    at a window's end set ``s^2 = (m var + k) / (m + k)`` (m draws, k =
+    :data:`SCALE_SHRINKAGE`) and open the next window. Returns the new state.
+
+    >>> import jax.numpy as jnp
+    >>> a = scale_init(1, jnp.float32)
+    >>> for i, x in enumerate([-3.0, 3.0] * 50, start=1):
+    ...     a = scale_update(a, jnp.array([x]), i, 0, (100,))
+    >>> bool(abs(a.scale[0] - ((100 * 9 * 100 / 99 + 5) / 105) ** 0.5) < 1e-3)
+    True
+    """
+    if not ends:
+        return adapt
+    ends = jnp.asarray(ends)
+    inside = (i > start) & (i <= ends[-1])
+    count = adapt.count + 1
+    delta = u - adapt.mean
+    mean = adapt.mean + delta / count
+    m2 = adapt.m2 + delta * (u - mean)
+    closes = jnp.any(i == ends)
+    var = m2 / jnp.maximum(count - 1, 1)
+    scale = jnp.sqrt((count * var + SCALE_SHRINKAGE) / (count + SCALE_SHRINKAGE))
+    zeros = jnp.zeros_like(mean)
+    new = ScaleAdaptation(
+        jnp.where(closes, scale, adapt.scale),
+        jnp.where(closes, zeros, mean),
+        jnp.where(closes, zeros, m2),
+        jnp.where(closes, 0.0, count).astype(adapt.count.dtype),
+    )
+    return jax.tree.map(lambda a, b: jnp.where(inside, a, b), new, adapt)
