@@ -18,6 +18,10 @@ from numpyro_sgbd.estimators import (
     MinibatchEstimator,
 )
 
+# Our own numerics (no ArviZ, no NumPyro contract): CI's Python 3.12 run
+# skips them; the first run covers them.
+pytestmark = pytest.mark.heavy
+
 N, n = 203, 20
 X = random.normal(random.key(0), (N, 3))
 Y = X @ jnp.array([1.0, -0.5, 0.2]) + 0.7 * random.normal(random.key(1), (N,))

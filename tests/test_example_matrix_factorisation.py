@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 
-@pytest.mark.heavy  # pure numerics: CI's Python 3.12 run skips it
+@pytest.mark.slow  # a paper reproduction, over 30 s: `pytest -m slow` runs it
 def test_matrix_factorisation_quick(tmp_path, load_example):
     """The quick run (10,000 ratings of the 300 most rated movies, p = 10, 3,000
     steps per method) writes its figure, every RMSE is finite, and vanilla SGBD's

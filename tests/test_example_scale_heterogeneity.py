@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 
+@pytest.mark.slow  # a paper reproduction, over 30 s: `pytest -m slow` runs it
 def test_scale_heterogeneity_quick(tmp_path, load_example):
     """The example writes its figure and a finite table, the smallest-scale
     coefficient's sd at the small steps matches the gradient-noise theory, and the
