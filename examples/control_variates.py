@@ -123,6 +123,30 @@ def run(args):
             *errors(ref, laplace_mean, laplace_sd),
         )
     ]
+
+    def run_sg(label, kernel, key, extra_seconds=0.0):
+        """Run one SG kernel; record its draws and its row of the table."""
+        mcmc = MCMC(
+            kernel,
+            num_warmup=args.num_warmup,
+            num_samples=args.num_samples,
+            progress_bar=False,
+        )
+        start = time.perf_counter()
+        mcmc.run(key, *model_args)
+        draws = np.asarray(mcmc.get_samples()["theta"], np.float64)
+        seconds = time.perf_counter() - start + extra_seconds
+        draws_by_method[label] = draws
+        rows.append(
+            (
+                label,
+                seconds,
+                *errors(draws, ref_mean, ref_sd),
+                *errors(draws, laplace_mean, laplace_sd),
+            )
+        )
+        return mcmc
+
     for name, cls in (("SGBD", SGBD), ("SGLD", SGLD)):
         for gradient in ("minibatch", "control_variates"):
             extra = {"centre": mode.params} if gradient == "control_variates" else {}
@@ -134,50 +158,15 @@ def run(args):
                 gradient=gradient,
                 **extra,
             )
-            mcmc = MCMC(
-                kernel,
-                num_warmup=args.num_warmup,
-                num_samples=args.num_samples,
-                progress_bar=False,
-            )
-            start = time.perf_counter()
-            mcmc.run(random.key(args.seed + 2), *model_args)
-            draws = np.asarray(mcmc.get_samples()["theta"], np.float64)
-            seconds = time.perf_counter() - start + mode_seconds
-            draws_by_method[f"{name} corrected, {gradient}"] = draws
-            rows.append(
-                (
-                    f"{name} corrected, {gradient}",
-                    seconds,
-                    *errors(draws, ref_mean, ref_sd),
-                    *errors(draws, laplace_mean, laplace_sd),
-                )
-            )
+            label = f"{name} corrected, {gradient}"
+            run_sg(label, kernel, random.key(args.seed + 2), mode_seconds)
     # The default path: no step size, no start, no centre. Each kernel finds the
     # mode itself, whitens with the Hessian there and adapts its step in warmup;
     # its time includes that search.
     for name, cls in (("SGBD", SGBD), ("SGLD", SGLD)):
         kernel = cls(logistic_model)
-        mcmc = MCMC(
-            kernel,
-            num_warmup=args.num_warmup,
-            num_samples=args.num_samples,
-            progress_bar=False,
-        )
-        start = time.perf_counter()
-        mcmc.run(random.key(args.seed + 3), *model_args)
-        draws = np.asarray(mcmc.get_samples()["theta"], np.float64)
-        seconds = time.perf_counter() - start
         label = f"{name}(model), adapted"
-        draws_by_method[label] = draws
-        rows.append(
-            (
-                label,
-                seconds,
-                *errors(draws, ref_mean, ref_sd),
-                *errors(draws, laplace_mean, laplace_sd),
-            )
-        )
+        mcmc = run_sg(label, kernel, random.key(args.seed + 3))
         print(
             f"{label}: {kernel.adaptation_info['preconditioner']} preconditioner, "
             f"adaptation {kernel.adaptation_info['seconds']:.1f} s, step "

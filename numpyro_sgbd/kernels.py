@@ -1194,9 +1194,9 @@ class _SGKernel(MCMCKernel):
         due = first_stop | _clock_due(new_state.i)
         flat = (
             # axis_size: a model with no latent site has an empty z.
-            jax.vmap(
-                lambda z: ravel_pytree(z)[0], axis_size=jnp.shape(new_state.i)[0]
-            )(new_state.z)
+            jax.vmap(lambda z: ravel_pytree(z)[0], axis_size=jnp.shape(new_state.i)[0])(
+                new_state.z
+            )
             if self._batched
             else ravel_pytree(new_state.z)[0]
         )
