@@ -418,13 +418,6 @@ class _SGKernel(MCMCKernel):
                 "adapt_mass_matrix must be True, False or None (True with "
                 f"step_size=None), got {adapt_mass_matrix!r}."
             )
-        if adapt_mass_matrix and preconditioner == "none":
-            raise ValueError(
-                "adapt_mass_matrix re-estimates the scales of the whitened "
-                "coordinates u = L^-1 (z - mode) from warmup draws, so it needs a "
-                "preconditioner: use step_size=None, or pass preconditioner= "
-                "('dense', 'lowrank' or 'diagonal'), or adapt_mass_matrix=False."
-            )
         if step_size is None:
             if model is None:
                 raise ValueError(
@@ -440,6 +433,13 @@ class _SGKernel(MCMCKernel):
                 )
         else:
             _check_positive_tree(step_size, "step_size")
+        if adapt_mass_matrix and preconditioner == "none":
+            raise ValueError(
+                "adapt_mass_matrix re-estimates the scales of the whitened "
+                "coordinates u = L^-1 (z - mode) from warmup draws, so it needs a "
+                "preconditioner: use step_size=None, or pass preconditioner= "
+                "('dense', 'lowrank' or 'diagonal'), or adapt_mass_matrix=False."
+            )
         if preconditioner != "none" and model is None:
             raise ValueError(
                 f"preconditioner={preconditioner!r} comes from the model's full-data "
