@@ -1,7 +1,7 @@
 """Cost of ``step_size=None``'s adaptation: its time within a default run, and the
 memory of each preconditioner form.
 
-    python benchmarks/adaptation.py            # about 8 minutes on 2 busy cores
+    python benchmarks/adaptation.py            # about 4 minutes on 2 cores
     python benchmarks/adaptation.py --quick    # a smoke run, under a minute
 
 Prints Markdown tables (and writes nothing):

@@ -1,7 +1,7 @@
 """Accuracy of ``step_size=None`` (adaptation in warmup) against the documented
 settings it replaces, on three logistic regressions, against NUTS.
 
-    python benchmarks/adaptation_accuracy.py            # about 30 minutes on 2 cores
+    python benchmarks/adaptation_accuracy.py            # 13 minutes on 2 cores
     python benchmarks/adaptation_accuracy.py --quick    # smoke run, a few minutes
 
 For each problem it runs
