@@ -103,7 +103,7 @@ four sampler statistics ``potential_energy_estimate``, ``mean_noise_sd``,
  - **step_size** - with ``step_size=None`` (adapted in warmup), this chain's step
    size in the whitened coordinates u, fixed from the end of warmup; ``None`` when
    the step size was given.
- - **scale** - with ``adapt_mass_matrix`` (the default with ``step_size=None``),
+ - **scale** - with ``adapt_mass_matrix`` (SGBD's default with ``step_size=None``),
    this chain's re-estimated per-coordinate sds of u
    (:class:`~numpyro_sgbd.preconditioning.ScaleAdaptation`; its ``scale`` is s,
    fixed from 60 % of warmup): the rule then runs in v = u / s, so each
@@ -415,8 +415,8 @@ class _SGKernel(MCMCKernel):
             adapt_mass_matrix = step_size is None and self._SCALE_MAX is None
         if not isinstance(adapt_mass_matrix, (bool, np.bool_)):
             raise ValueError(
-                "adapt_mass_matrix must be True, False or None (True with "
-                f"step_size=None), got {adapt_mass_matrix!r}."
+                "adapt_mass_matrix must be True, False or None (the kernel's "
+                f"default), got {adapt_mass_matrix!r}."
             )
         if step_size is None:
             if model is None:
