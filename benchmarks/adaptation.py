@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 import numpyro  # noqa: E402
 import numpyro.distributions as dist  # noqa: E402
 from numpyro.infer import MCMC  # noqa: E402
-from run import compile_seconds  # noqa: E402
+from run import _rss_mb, compile_seconds  # noqa: E402
 
 from numpyro_sgbd import SGBD, preconditioning  # noqa: E402
 from numpyro_sgbd.modes import full_data_objective, hessian  # noqa: E402
@@ -88,14 +88,6 @@ def simulate(num_rows, dim, seed=0):
     X = random.normal(k_x, (num_rows, dim))
     y = random.bernoulli(k_y, jax.nn.sigmoid(X @ theta)).astype(jnp.float32)
     return X, y
-
-
-def _rss_mb(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _child(flag, spec):
