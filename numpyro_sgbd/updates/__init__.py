@@ -14,16 +14,31 @@ from numpyro_sgbd.updates.nogin import (
     nogin_kick,
     nogin_lambda,
 )
+from numpyro_sgbd.updates.recipe import check_recipe, recipe_moments, recipe_step
+from numpyro_sgbd.updates.sghmc import SGHMCState, sghmc_init, sghmc_step
+from numpyro_sgbd.updates.sgnht import SGNHTState, sgnht_init, sgnht_step
+from numpyro_sgbd.updates.sgrld import expanded_mean_metric, sgrld_step
 
 __all__ = [
     "BARKER_TOLERANCE",
     "COVARIANCES",
     "VARIANTS",
+    "SGHMCState",
+    "SGNHTState",
     "barker_step",
+    "check_recipe",
+    "expanded_mean_metric",
     "flip_probability",
     "langevin_step",
     "nogin_damp",
     "nogin_drift",
     "nogin_kick",
     "nogin_lambda",
+    "recipe_moments",
+    "recipe_step",
+    "sghmc_init",
+    "sghmc_step",
+    "sgnht_init",
+    "sgnht_step",
+    "sgrld_step",
 ]
