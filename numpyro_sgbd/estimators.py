@@ -33,6 +33,7 @@ __all__ = [
     "median_start",
     "noise_variance_factor",
     "split_arrays",
+    "unconstrained_centre",
 ]
 
 
@@ -139,7 +140,7 @@ def noise_variance_factor(size, subsample_size, *, replace=False):
     it. Its variance is :math:`n (1 - n/N) s^2` for indices drawn without replacement
     and :math:`n s^2` with replacement, :math:`s^2` the population variance of the
     :math:`\\nabla h_i` (estimated by the minibatch sample variance, ddof = 1). Written
-    with the unscaled per-datum gradients :math:`f_i` this is SPEC's
+    with the unscaled per-datum gradients :math:`f_i` this is the factor
     :math:`c = N(N-n)/n` (resp. :math:`N^2/n`) times :math:`\\mathrm{Var}(f_i)`.
 
     ``replace=None`` resolves as :func:`resolve_replace` does.
@@ -267,7 +268,7 @@ class MinibatchEstimator:
     likelihood terms (forward or reverse mode, whichever needs fewer passes) and
     returns their noise sd (:func:`noise_variance_factor`); the prior and Jacobian
     terms are exact and add no noise. With ``covariance`` it also returns the noise
-    covariance (SPEC: :math:`\\Sigma = CC^\\top` with
+    covariance (the sample covariance of the minibatch: :math:`\\Sigma = CC^\\top` with
     :math:`C = \\sqrt{c/(n-1)}\\,(G - \\bar G)^\\top`, G the n x d per-datum gradients
     of the scaled terms and c the factor of :func:`noise_variance_factor`), as the
     factor C, the matrix, or its diagonal.
@@ -536,7 +537,7 @@ class ControlVariateEstimator(MinibatchEstimator):
 
     :math:`\hat U_S` the minibatch potential of :class:`MinibatchEstimator` on the
     indices S drawn for this step and :math:`U` the full-data potential (tuning
-    paper, Coullon, South & Nemeth, App. D.3; SPEC.md). The prior and Jacobian
+    paper, Coullon, South & Nemeth, App. D.3). The prior and Jacobian
     terms of the two minibatch potentials cancel at :math:`\hat z` and are exact at
     z; the likelihood part is
     :math:`\frac{N}{n}\sum_{i\in S}[\nabla\ell_i(z) - \nabla\ell_i(\hat z)]` around
@@ -607,3 +608,39 @@ class ControlVariateEstimator(MinibatchEstimator):
         if per_datum is not None:
             per_datum = jax.tree.map(jnp.subtract, per_datum, per_datum_c)
         return self._estimate(value, grad, per_datum)
+
+
+def unconstrained_centre(centre, trace, shapes):
+    """A user's centre (constrained values by site) on the unconstrained scale,
+    checked against the model's latent sites."""
+    missing = sorted(set(shapes) - set(centre))
+    extra = sorted(set(centre) - set(shapes))
+    if missing or extra:
+        raise ValueError(
+            "centre must give a value for every latent site "
+            f"{sorted(shapes)}: missing {missing}, unknown {extra}."
+        )
+    out = {}
+    for name, value in centre.items():
+        support = trace[name]["fn"].support
+        value = jnp.asarray(value, dtype=jnp.result_type(float))
+        want = jnp.shape(trace[name]["value"])
+        if jnp.shape(value) != want:
+            raise ValueError(
+                f"centre['{name}'] has shape {jnp.shape(value)}; the site's value has "
+                f"shape {want}."
+            )
+        if not bool(jnp.all(jnp.isfinite(value))):
+            raise ValueError(f"centre['{name}'] = {value} is not finite.")
+        if not bool(jnp.all(support(value))):
+            raise ValueError(
+                f"centre['{name}'] = {value} is outside the site's support "
+                f"{support}; give constrained values."
+            )
+        z = biject_to(support).inv(value)
+        if not bool(jnp.all(jnp.isfinite(z))):
+            raise ValueError(
+                f"centre['{name}'] = {value} is not finite on the unconstrained scale."
+            )
+        out[name] = z
+    return out

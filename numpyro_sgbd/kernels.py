@@ -35,9 +35,16 @@ from numpyro_sgbd.estimators import (
     MinibatchEstimator,
     PotentialEstimator,
     split_arrays,
+    unconstrained_centre,
 )
 from numpyro_sgbd.handlers import SubsamplePlates
-from numpyro_sgbd.modes import check_mode, find_mode, full_data_objective, hessian
+from numpyro_sgbd.modes import (
+    check_mode,
+    find_mode,
+    full_data_objective,
+    hessian,
+    search_centre,
+)
 from numpyro_sgbd.updates import (
     BARKER_TOLERANCE,
     COVARIANCES,
@@ -290,6 +297,23 @@ def _tree_mean(tree):
     return sum(jnp.sum(x) for x in leaves) / size
 
 
+def _guard(ok, moved, state, rng_key):
+    """The one non-finite guard of every kernel: ``moved`` where ``ok``; else the
+    chain stays at ``state``, counts the refused step in ``num_nonfinite`` and
+    takes the new key (a stopped chain stays stopped: ``ok`` includes
+    ``state.num_nonfinite == 0``)."""
+    stopped = state._replace(
+        i=state.i + 1, num_nonfinite=state.num_nonfinite + 1, rng_key=rng_key
+    )
+    return jax.tree.map(lambda a, b: jnp.where(ok, a, b), moved, stopped)
+
+
+def _potential_ok(potential, exact_nan_allowed):
+    """A potential estimate is acceptable when finite, or NaN from a
+    ``gradient_fn`` that gives none."""
+    return jnp.isfinite(potential) | jnp.isnan(potential) & exact_nan_allowed
+
+
 def _has_tracer(tree):
     """Whether any leaf of ``tree`` is a JAX tracer (abstract, inside a transform)."""
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
@@ -314,65 +338,6 @@ def _args_key(model_args, model_kwargs):
     arrays = tuple(x for x in leaves if isinstance(x, (np.ndarray, jax.Array)))
     ids = tuple(id(x) if isinstance(x, (np.ndarray, jax.Array)) else x for x in leaves)
     return (treedef, ids), arrays
-
-
-def _unconstrained_centre(centre, trace, shapes):
-    """A user's centre (constrained values by site) on the unconstrained scale,
-    checked against the model's latent sites."""
-    missing = sorted(set(shapes) - set(centre))
-    extra = sorted(set(centre) - set(shapes))
-    if missing or extra:
-        raise ValueError(
-            "centre must give a value for every latent site "
-            f"{sorted(shapes)}: missing {missing}, unknown {extra}."
-        )
-    out = {}
-    for name, value in centre.items():
-        support = trace[name]["fn"].support
-        value = jnp.asarray(value, dtype=jnp.result_type(float))
-        want = jnp.shape(trace[name]["value"])
-        if jnp.shape(value) != want:
-            raise ValueError(
-                f"centre['{name}'] has shape {jnp.shape(value)}; the site's value has "
-                f"shape {want}."
-            )
-        if not bool(jnp.all(jnp.isfinite(value))):
-            raise ValueError(f"centre['{name}'] = {value} is not finite.")
-        if not bool(jnp.all(support(value))):
-            raise ValueError(
-                f"centre['{name}'] = {value} is outside the site's support "
-                f"{support}; give constrained values."
-            )
-        z = biject_to(support).inv(value)
-        if not bool(jnp.all(jnp.isfinite(z))):
-            raise ValueError(
-                f"centre['{name}'] = {value} is not finite on the unconstrained scale."
-            )
-        out[name] = z
-    return out
-
-
-def _search_centre(model, model_args, model_kwargs, chunk_size):
-    """The full-data mode by :func:`~numpyro_sgbd.modes.find_mode` (Newton-CG on the
-    chunked potential, from ``init_to_median``): ``(centre, info)``. Raises if the
-    search diverged or stopped a posterior sd or more from a mode, warns if it
-    stopped closer than that without converging; logs its report."""
-    objective = full_data_objective(
-        model, model_args, model_kwargs, chunk_size=chunk_size
-    )
-    x, info = find_mode(objective, what="control variates' centre")
-    centre = objective.unravel(x)
-    check_mode(
-        info,
-        objective.unravel,
-        "control variates' centre",
-        "The estimate stays unbiased, but its noise grows away from the mode: pass "
-        "centre={site: value} (e.g. posterior_mode(model, *args).params), or check "
-        "the model's priors.",
-        stacklevel=6,
-    )
-    report = {k: v for k, v in info.items() if k not in ("hessian_diag", "worst")}
-    return centre, {"centre": centre, "source": "Newton-CG", **report}
 
 
 class _SGKernel(MCMCKernel):
@@ -907,7 +872,7 @@ class _SGKernel(MCMCKernel):
                 model_args, model_kwargs, chunk_size=self._chunk_size
             )
             if self._centre_arg is not None:
-                centre = _unconstrained_centre(self._centre_arg, trace, shapes)
+                centre = unconstrained_centre(self._centre_arg, trace, shapes)
                 start = time.perf_counter()
                 potential, grad = full(centre)
                 self.centre_info = {
@@ -932,7 +897,7 @@ class _SGKernel(MCMCKernel):
                         **self.adaptation_info["mode_search"],
                     }
                 else:
-                    centre, self.centre_info = _search_centre(
+                    centre, self.centre_info = search_centre(
                         self._model, model_args, model_kwargs, self._chunk_size
                     )
                 potential, grad = full(centre)
@@ -1544,10 +1509,7 @@ class _FirstOrderKernel(_SGKernel):
         potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
         ok = (
             _finite((z, est.z_grad, noise_sd))
-            & (
-                jnp.isfinite(potential)
-                | jnp.isnan(potential) & (self._gradient_fn is not None)
-            )
+            & _potential_ok(potential, self._gradient_fn is not None)
             & (state.num_nonfinite == 0)
         )
         moved = SGState(
@@ -1565,10 +1527,7 @@ class _FirstOrderKernel(_SGKernel):
             state.scale,
         )
         moved = self._adapt_step(self._adapt_scale(moved))
-        stopped = state._replace(
-            i=state.i + 1, num_nonfinite=state.num_nonfinite + 1, rng_key=rng_key
-        )
-        return jax.tree.map(lambda a, b: jnp.where(ok, a, b), moved, stopped)
+        return _guard(ok, moved, state, rng_key)
 
 
 class SGBD(_FirstOrderKernel):
@@ -1589,7 +1548,7 @@ class SGBD(_FirstOrderKernel):
 
     The corrected variant falls back to the sign rule where
     :math:`|w| \ge 1.702/\hat\tau`. :math:`\hat\tau_j` is the standard deviation of
-    the noise of :math:`\hat g_j` itself (SPEC: Algorithm 3 line 6 writes the
+    the noise of :math:`\hat g_j` itself (SGBD paper, Algorithm 3 line 6 writes the
     per-datum sd; the correction needs :math:`\sqrt{c}` times it), estimated from the
     minibatch's per-datum gradients and smoothed by the moving average
     :math:`\hat\tau \leftarrow (1-\beta)\hat\tau + \beta\tau`.
@@ -1725,7 +1684,17 @@ class SGBD(_FirstOrderKernel):
         step_size=None,
         variant=None,
         increment="bimodal",
-        **kwargs,
+        beta=0.1,
+        init_noise_sd=None,
+        preconditioner=None,
+        adapt_mass_matrix=None,
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
     ):
         if increment not in INCREMENTS:
             raise ValueError(
@@ -1738,7 +1707,17 @@ class SGBD(_FirstOrderKernel):
             gradient_fn,
             step_size=step_size,
             variant=variant,
-            **kwargs,
+            beta=beta,
+            init_noise_sd=init_noise_sd,
+            preconditioner=preconditioner,
+            adapt_mass_matrix=adapt_mass_matrix,
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
         )
 
     # In u (unit posterior scale) a Barker step of 0.5 gave xi 0.016 and a mean
@@ -1811,6 +1790,45 @@ class SGLD(_FirstOrderKernel):
     _STEP_TARGET = 0.4
     _NOISE_CAP = 1.6
     _SCALE_MAX = 1.0
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size=None,
+        variant=None,
+        beta=0.1,
+        init_noise_sd=None,
+        preconditioner=None,
+        adapt_mass_matrix=None,
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
+    ):
+        super().__init__(
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            variant=variant,
+            beta=beta,
+            init_noise_sd=init_noise_sd,
+            preconditioner=preconditioner,
+            adapt_mass_matrix=adapt_mass_matrix,
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
+        )
 
     def _update(self, rng_key, z, z_grad, step_size, noise_sd):
         return langevin_step(
@@ -1952,7 +1970,8 @@ class NOGIN(_SGKernel):
     smooth targets the bias is :math:`O(h^2)` (Theorem 4.1), where SGLD's is
     :math:`O(h)` plus the gradient noise's share.
 
-    :math:`\Sigma` comes from the minibatch's per-datum gradients (SPEC:
+    :math:`\Sigma` comes from the minibatch's per-datum gradients
+    (their sample covariance:
     :math:`\Sigma = CC^\top`, :math:`C = \sqrt{c/(n-1)}(G-\bar G)^\top`), in one of
     three forms, chosen by default (``covariance="auto"``) from d and n by
     :func:`~numpyro_sgbd.kernels.choose_covariance` (the choice is logged to the
@@ -2052,7 +2071,15 @@ class NOGIN(_SGKernel):
         mass=1.0,
         inverse_temperature=1.0,
         covariance="auto",
-        **kwargs,
+        preconditioner=None,
+        adapt_mass_matrix=None,
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
     ):
         if step_size is not None and (
             isinstance(step_size, dict) or np.ndim(step_size) != 0
@@ -2075,7 +2102,19 @@ class NOGIN(_SGKernel):
                 f"function returns: covariance= one of {COVARIANCES}."
             )
         super().__init__(
-            model, potential_fn, gradient_fn, step_size=step_size, **kwargs
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            preconditioner=preconditioner,
+            adapt_mass_matrix=adapt_mass_matrix,
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
         )
         if self._preconditioner_arg != "none" and not (
             np.ndim(mass) == 0 and not isinstance(mass, dict) and float(mass) == 1.0
@@ -2258,10 +2297,7 @@ class NOGIN(_SGKernel):
         potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
         ok = (
             _finite((flat, p, damping))
-            & (
-                jnp.isfinite(potential)
-                | jnp.isnan(potential) & (self._gradient_fn is not None)
-            )
+            & _potential_ok(potential, self._gradient_fn is not None)
             & (state.num_nonfinite == 0)
         )
         moved = NOGINState(
@@ -2283,10 +2319,7 @@ class NOGIN(_SGKernel):
             # mass / (beta s^2)), so p moves with s_old / s_new.
             moved = moved._replace(p=moved.p * state.scale.scale / moved.scale.scale)
         moved = self._adapt_step(moved)
-        stopped = state._replace(
-            i=state.i + 1, num_nonfinite=state.num_nonfinite + 1, rng_key=rng_key
-        )
-        return jax.tree.map(lambda a, b: jnp.where(ok, a, b), moved, stopped)
+        return _guard(ok, moved, state, rng_key)
 
     def sample(self, state, model_args, model_kwargs):
         new_state = super().sample(state, model_args, model_kwargs)

@@ -25,7 +25,7 @@ def nogin_lambda(step_size, friction):
     With this choice the O-step without gradient noise is the exact
     Ornstein-Uhlenbeck flow over time h: the momentum is multiplied by
     :math:`e^{-\gamma h}` and gets fresh variance :math:`1 - e^{-2\gamma h}` (times
-    :math:`M/\beta`). Matthews & Weare, Algorithm 1, line 1 (SPEC.md's form; the
+    :math:`M/\beta`). Matthews & Weare, Algorithm 1, line 1 (the algorithm's form; the
     text's :math:`e^{-2\gamma h}` variant halves the friction).
 
     >>> import math
@@ -79,7 +79,7 @@ def nogin_damp(
     directions x is small and its rounding error stays small, where multiplying it
     by :math:`c\Sigma M^{-1}` would amplify it.
 
-    The paper's Algorithm 2 (and SPEC.md, which copies it) writes
+    The paper's Algorithm 2 writes
     :math:`\frac{h^2}{4\beta} M\Sigma`: dimensionally inconsistent, and equal to
     the form above only for :math:`M = I`, :math:`\beta = 1`. The two half-kicks
     add :math:`h^2\Sigma` to the momentum variance whatever M and :math:`\beta`,
