@@ -10,6 +10,7 @@ from numpyro_sgbd.handlers import full_batch
 from numpyro_sgbd.kernels import NOGIN, SGBD, SGLD, Centre, NOGINState, SGState
 from numpyro_sgbd.modes import PosteriorMode, posterior_mode
 from numpyro_sgbd.reference import full_batch_scores, reference_posterior
+from numpyro_sgbd.samplers import SGHMC, SGNHT, SGRLD, Recipe
 
 __version__ = "0.1.0"
 
@@ -18,6 +19,10 @@ __all__ = [
     "NOGINState",
     "SGBD",
     "SGLD",
+    "SGHMC",
+    "SGNHT",
+    "SGRLD",
+    "Recipe",
     "GradientEstimate",
     "SGState",
     "Centre",

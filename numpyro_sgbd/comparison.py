@@ -23,6 +23,8 @@ _STATS = (
     ("num_nonfinite", "num_nonfinite", np.nanmax),
     ("diverging", "num_divergent", np.nansum),
 )
+# Fields that are not statistics to average (z itself) or are summarised above.
+_KNOWN_STATS = {field for field, _, _ in _STATS} | {"z", "lp"}
 _SUMMARY = [
     "num_draws",
     "xi",
@@ -53,7 +55,10 @@ class Comparison:
         ``sampling_time`` (seconds) and the
         sampler statistics the run recorded (``mean_potential_energy_estimate``,
         ``mean_noise_sd``, ``frac_tolerance_exceeded``, ``num_nonfinite``,
-        ``num_divergent``). The reference's own row has NaN biases and ``xi``.
+        ``num_divergent``, and ``mean_<name>`` for any other scalar statistic,
+        such as :class:`~numpyro_sgbd.SGHMC`'s ``kinetic_energy``,
+        :class:`~numpyro_sgbd.SGNHT`'s ``thermostat`` or :class:`~numpyro_sgbd.NOGIN`'s
+        ``noise_damping``). The reference's own row has NaN biases and ``xi``.
     """
 
     per_parameter: "object"
@@ -407,10 +412,20 @@ def compare(
                 with warnings.catch_warnings():  # all-NaN where not estimated
                     warnings.simplefilter("ignore", RuntimeWarning)
                     summary[column] = float(reduce(stats[field]))
+        # Any other per-draw scalar a sampler records (a new sampler's statistics
+        # reach the table without being registered here).
+        for field in sorted(set(stats) - _KNOWN_STATS):
+            if np.issubdtype(np.asarray(stats[field]).dtype, np.number):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    summary[f"mean_{field}"] = float(np.nanmean(stats[field]))
         summaries.append(summary)
     per_parameter = pd.DataFrame(rows).set_index(["run", "parameter"])
     summary = pd.DataFrame(summaries).set_index("run")
-    columns = _SUMMARY + [c for _, c, _ in _STATS if c in summary]
+    known = [c for _, c, _ in _STATS if c in summary]
+    columns = (
+        _SUMMARY + known + [c for c in summary if c not in _SUMMARY and c not in known]
+    )
     return Comparison(per_parameter, summary[columns])
 
 

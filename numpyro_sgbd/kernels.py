@@ -1836,6 +1836,264 @@ class SGLD(_FirstOrderKernel):
         )
 
 
+#: The fields every family kernel's state has, in order; a sampler's own
+#: statistics (``kinetic_energy``, ``thermostat``, ...) go between
+#: ``tolerance_exceeded`` and ``num_nonfinite`` (see :func:`family_state`).
+_FAMILY_HEAD = (
+    "i",
+    "z",
+    "z_grad",
+    "potential_energy_estimate",
+    "noise_sd",
+    "mean_noise_sd",
+    "tolerance_exceeded",
+)
+_FAMILY_TAIL = ("num_nonfinite", "centre", "rng_key", "aux", "step_size", "scale")
+
+
+def family_state(name, statistics=()):
+    """The state type of a kernel on :class:`_FamilyKernel`: :class:`SGState`'s
+    fields, the sampler's own per-draw ``statistics`` (scalars, collected by
+    default), and ``aux``, the update family's own state (e.g. momentum) over the
+    flat position in u with a preconditioner, over z's pytree without. Assign it
+    to a module-level name equal to ``name`` so that it pickles."""
+    return namedtuple(
+        name, _FAMILY_HEAD + tuple(statistics) + _FAMILY_TAIL, defaults=(None, None)
+    )
+
+
+class _FamilyKernel(_FirstOrderKernel):
+    """The adapter for samplers given as a pure update family
+    (:mod:`numpyro_sgbd.updates`): the sampler sets
+
+    - ``_family_init(x, rng_key, **init_kwargs) -> aux``, the family's state at
+      position ``x``, which it keeps in its field ``z``;
+    - ``_family_step(rng_key, aux, z_grad, step_size, *, variant, noise_sd,
+      **step_kwargs) -> (aux, info)``, one move given the gradient estimate at
+      ``aux.z``; ``info`` has ``noise_exceeded`` (the fraction of coordinates whose
+      injected noise variance was clipped at 0) and the sampler's statistics;
+    - ``_state_type`` (from :func:`family_state`), ``_init_kwargs`` and
+      ``_step_kwargs`` (the hyperparameters, call arguments of the pure step).
+
+    The position x is z's pytree without a preconditioner and the flat u with
+    one, where z_grad and noise_sd come in the same form. Nothing here branches
+    on the sampler."""
+
+    _state_type = None
+    _family_init = None
+    _family_step = None
+    #: The family's variants (``"extreme"`` has no momentum analogue).
+    _VARIANTS = ("vanilla", "corrected")
+    #: The hyperparameter D whose injected variance ``eps (2 D - eps tau^2)`` the
+    #: corrected variant keeps positive, by name (e.g. ``"friction"``).
+    _NOISE_DIFFUSION = None
+    _SCALE_MAX = 1.0
+
+    def __init__(self, model, potential_fn, gradient_fn, *, variant, **kwargs):
+        if variant is not None and variant not in self._VARIANTS:
+            raise ValueError(
+                f"variant must be one of {self._VARIANTS} or None, got {variant!r}."
+            )
+        super().__init__(
+            model,
+            potential_fn,
+            gradient_fn,
+            variant=variant,
+            adapt_mass_matrix=False,
+            **kwargs,
+        )
+        #: The sampler's hyperparameters as given, by name (set by its constructor;
+        #: numbers or dicts of sites are validated against z in ``_prepare``).
+        self._hyperparameters = {}
+        self._init_kwargs = {}
+        self._step_kwargs = {}
+
+    #: Which hyperparameters the family's ``init`` takes (all go to ``step``).
+    _INIT_ARGS = ()
+
+    def _prepare(self, shapes, one_z):
+        super()._prepare(shapes, one_z)
+        resolved = {}
+        for name, value in self._hyperparameters.items():
+            if value is None or callable(value):
+                resolved[name] = value
+            elif self.preconditioner is not None and isinstance(value, dict):
+                raise ValueError(
+                    f"with a preconditioner {name} is in the whitened coordinates "
+                    "u, which have no sites: give a positive scalar."
+                )
+            elif self.preconditioner is not None:
+                resolved[name] = jnp.asarray(value, jnp.result_type(float))
+            else:
+                resolved[name] = _per_site(value, shapes, name)
+        self._step_kwargs = resolved
+        self._init_kwargs = {k: resolved[k] for k in self._INIT_ARGS}
+
+    @property
+    def _statistics(self):
+        return self._state_type._fields[len(_FAMILY_HEAD) : -len(_FAMILY_TAIL)]
+
+    @property
+    def default_fields(self):
+        """``z``, the sampler statistics of :class:`SGState` and the sampler's
+        own (see its state type)."""
+        return (
+            "z",
+            "potential_energy_estimate",
+            "mean_noise_sd",
+            "tolerance_exceeded",
+            *self._statistics,
+            "num_nonfinite",
+        )
+
+    def _to_x(self, z):
+        if self.preconditioner is None:
+            return z
+        return self.preconditioner.to_u(ravel_pytree(z)[0])
+
+    def _to_z(self, x, like):
+        if self.preconditioner is None:
+            return x
+        return ravel_pytree(like)[1](self.preconditioner.to_z(x))
+
+    def _step_allowed(self, state):
+        """The target, lowered so that the corrected variant's injected variance
+        ``eps (2 D - eps tau^2)`` keeps a fifth of its margin (recipe paper,
+        eq. 9: ``2 D >= eps B``) at the largest noise sd."""
+        target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
+        if state.noise_sd is None or self._NOISE_DIFFUSION is None:
+            return target
+        largest = jnp.max(
+            jnp.stack([jnp.max(x) for x in jax.tree.leaves(state.noise_sd)])
+        )
+        diffusion = jnp.min(
+            jnp.stack(
+                [
+                    jnp.min(x)
+                    for x in jax.tree.leaves(self._step_kwargs[self._NOISE_DIFFUSION])
+                ]
+            )
+        )
+        return jnp.minimum(target, 1.6 * diffusion / largest**2).astype(target.dtype)
+
+    def _init_state(self, rng_key, z, model_args, model_kwargs):
+        rng_key, key_est = random.split(rng_key)
+        centre = self._initial_centre(z, model_args, model_kwargs)
+        est = self._estimate(key_est, z, model_args, model_kwargs, centre)
+        noise_sd = self._noise_tree(z, est.noise_sd)
+        dtype = jnp.result_type(float)
+        nan = jnp.array(jnp.nan, dtype)
+        aux = self._family_init(
+            self._to_x(z), random.fold_in(key_est, 1), **self._init_kwargs
+        )
+        state = self._state_type(
+            i=jnp.array(0),
+            z=z,
+            z_grad=est.z_grad,
+            potential_energy_estimate=jnp.asarray(est.potential_energy, dtype),
+            noise_sd=noise_sd,
+            mean_noise_sd=nan if noise_sd is None else _tree_mean(noise_sd),
+            tolerance_exceeded=nan,
+            **{name: nan for name in self._statistics},
+            num_nonfinite=jnp.array(0),
+            centre=centre,
+            rng_key=rng_key,
+            aux=aux,
+            scale=None,
+        )
+        if self._step_size_arg is None:
+            state = state._replace(step_size=self._step_allowed(state))
+        return state
+
+    def _sample_one(self, state, model_args, model_kwargs):
+        rng_key, key_move, key_est = random.split(state.rng_key, 3)
+        aux, info = self._family_step(
+            key_move,
+            state.aux,
+            state.z_grad,
+            self._step(state),
+            variant=self._variant,
+            noise_sd=state.noise_sd,
+            **self._step_kwargs,
+        )
+        z = self._to_z(aux.z, state.z)
+        est = self._estimate(key_est, z, model_args, model_kwargs, state.centre)
+        noise_sd, mean_noise_sd = state.noise_sd, state.mean_noise_sd
+        if noise_sd is not None:
+            noise_sd = jax.tree.map(
+                lambda old, new: (1 - self._beta) * old + self._beta * new,
+                noise_sd,
+                est.noise_sd,
+            )
+            mean_noise_sd = _tree_mean(noise_sd)
+        dtype = mean_noise_sd.dtype
+        potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
+        ok = (
+            _finite((z, aux, est.z_grad, noise_sd))
+            & _potential_ok(potential, self._gradient_fn is not None)
+            & (state.num_nonfinite == 0)
+        )
+        exceeded = jnp.asarray(info.noise_exceeded, dtype)
+        moved = state._replace(
+            i=state.i + 1,
+            z=z,
+            z_grad=est.z_grad,
+            potential_energy_estimate=potential,
+            noise_sd=noise_sd,
+            mean_noise_sd=mean_noise_sd,
+            tolerance_exceeded=exceeded
+            if noise_sd is not None
+            else state.tolerance_exceeded,
+            **{
+                name: jnp.asarray(getattr(info, name), dtype)
+                for name in self._statistics
+            },
+            rng_key=rng_key,
+            aux=aux,
+        )
+        return _guard(ok, self._adapt_step(moved), state, rng_key)
+
+    def _check_initial_noise(self, state):
+        """With a given step and the corrected variant: raise before sampling when
+        the first minibatch's noise already breaks ``2 D >= eps tau^2``."""
+        if self._step_size_arg is None or state.noise_sd is None:
+            return
+        if _has_tracer(state.noise_sd):
+            return
+        tau = max(float(np.max(x)) for x in jax.tree.leaves(state.noise_sd))
+        step = max(float(np.max(x)) for x in jax.tree.leaves(self._step_size))
+        name = self._NOISE_DIFFUSION
+        value = min(float(np.min(x)) for x in jax.tree.leaves(self._step_kwargs[name]))
+        if step * tau**2 > 2 * value:
+            raise ValueError(
+                f"{type(self).__name__}: {name}={value:.3g} is smaller than the "
+                f"gradient-noise term step_size * tau^2 / 2 = "
+                f"{step * tau**2 / 2:.3g} at the initial position (tau = {tau:.3g}, "
+                "the largest noise sd of the minibatch gradient): the corrected "
+                "variant needs 2 * "
+                f"{name} >= step_size * tau^2 (recipe paper, eq. 9). Increase "
+                f"{name} or the subsample size, or lower step_size."
+            )
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
+        if self._NOISE_DIFFUSION is not None:
+            self._check_initial_noise(state)
+        return state
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        # Rebuilt from `_hyperparameters` by `init`.
+        state["_init_kwargs"], state["_step_kwargs"] = {}, {}
+        return state
+
+    def _diagnostic_parts(self, state):
+        parts = super()._diagnostic_parts(state)
+        for name in self._statistics:
+            parts.append(f"{name} {float(np.mean(getattr(state, name))):.3g}")
+        return parts
+
+
 NOGINState = namedtuple(
     "NOGINState",
     [

@@ -1,0 +1,545 @@
+"""The samplers of the complete recipe: SGHMC, SGNHT, SGRLD and any (D, Q) sampler.
+
+Each is a short validating constructor over a pure update family of
+:mod:`numpyro_sgbd.updates` and the one NumPyro adapter
+(:class:`~numpyro_sgbd.kernels._FamilyKernel`): its state type, the family's
+``init``/``step`` and its hyperparameters, which stay call arguments of the pure
+step (so that tuning can vmap over them).
+"""
+
+from collections import namedtuple
+
+import jax
+from jax.flatten_util import ravel_pytree
+import jax.numpy as jnp
+import numpy as np
+from numpyro.infer.initialization import init_to_uniform
+
+from numpyro_sgbd.kernels import (
+    _check_positive_tree,
+    _FamilyKernel,
+    _has_tracer,
+    family_state,
+)
+from numpyro_sgbd.updates.recipe import check_recipe, recipe_step
+from numpyro_sgbd.updates.sghmc import sghmc_init, sghmc_step
+from numpyro_sgbd.updates.sgnht import sgnht_init, sgnht_step
+
+__all__ = ["SGHMC", "SGNHT", "SGRLD", "Recipe"]
+
+SGHMCKernelState = family_state("SGHMCKernelState", ("kinetic_energy",))
+SGHMCKernelState.__doc__ = """State of :class:`SGHMC`: the fields of
+:class:`~numpyro_sgbd.SGState` (``tolerance_exceeded`` is the fraction of
+coordinates where the corrected variant's injected variance
+:math:`\\epsilon(2C - \\epsilon\\hat\\tau^2)` was clipped at 0), ``kinetic_energy``
+(:math:`\\tfrac12 p^\\top M^{-1}p` after the step, collected by default) and
+``aux``, the pure :class:`~numpyro_sgbd.updates.sghmc.SGHMCState` (position and
+momentum; flat, in u, with a preconditioner)."""
+
+SGNHTKernelState = family_state("SGNHTKernelState", ("kinetic_energy", "thermostat"))
+SGNHTKernelState.__doc__ = """State of :class:`SGNHT`: as
+:class:`SGHMCKernelState`, with ``thermostat`` (:math:`\\xi`, collected by
+default) and ``aux`` the pure :class:`~numpyro_sgbd.updates.sgnht.SGNHTState`."""
+
+RecipeKernelState = family_state("RecipeKernelState")
+RecipeKernelState.__doc__ = """State of :class:`Recipe` and :class:`SGRLD`: the
+fields of :class:`~numpyro_sgbd.SGState`, ``tolerance_exceeded`` being the fraction
+of eigenvalues of :math:`2D - \\epsilon\\hat B` clipped at 0."""
+
+_Position = namedtuple("_Position", ["z"])
+_RecipeInfo = namedtuple("_RecipeInfo", ["noise_exceeded"])
+
+
+def _unit_diffusion(x):
+    return jnp.ones_like(x)
+
+
+def _position(x, rng_key):
+    """The family state of the first-order recipes: the position alone."""
+    return _Position(x)
+
+
+def _recipe_family(rng_key, aux, z_grad, step_size, *, variant, noise_sd, **kw):
+    """:func:`~numpyro_sgbd.updates.recipe.recipe_step` as a family step: the
+    corrected variant's :math:`\\hat B` from the noise sd of the gradient."""
+    noise_var = None
+    if variant == "corrected" and noise_sd is not None:
+        noise_var = ravel_pytree(jax.tree.map(jnp.square, noise_sd))[0]
+    z, info = recipe_step(rng_key, aux.z, z_grad, step_size, noise_var=noise_var, **kw)
+    return _Position(z), _RecipeInfo(info.noise_clipped)
+
+
+class SGHMC(_FamilyKernel):
+    r"""Stochastic gradient Hamiltonian Monte Carlo (Chen, Fox & Guestrin, 2014), in
+    the form the complete recipe gives it (Ma, Chen & Fox, 2015, eq. 12).
+
+    .. math::
+
+        z &\leftarrow z + \epsilon M^{-1} p, \\
+        p &\leftarrow p - \epsilon\nabla\hat U(z) - \epsilon C M^{-1} p
+            + N\big(0, \epsilon(2C - \epsilon\hat B)\big),
+
+    both lines from the old state. :math:`\hat B = 0` (``variant="vanilla"``) or
+    the per-coordinate variance :math:`\hat\tau^2` of the minibatch gradient
+    (``"corrected"``, estimated from the per-datum gradients as for
+    :class:`~numpyro_sgbd.SGBD`). It is the recipe with :math:`z = (\theta, p)`,
+    :math:`H = U + \tfrac12 p^\top M^{-1}p`, :math:`D = \mathrm{diag}(0, C)`,
+    :math:`Q = \begin{pmatrix}0 & -I\\ I & 0\end{pmatrix}`.
+
+    For a Gaussian target with Gaussian gradient noise the chain is linear and its
+    law exact (:math:`\mathrm{Var}(z) \approx s^2(1 + \epsilon/(C s))` in units of
+    the posterior sd s with exact gradients): the explicit update is biased by
+    :math:`O(\epsilon/C)`, so the default step is small.
+
+    :param model: a NumPyro model with its data in
+        ``numpyro.plate(name, N, subsample_size=n)`` (see :class:`~numpyro_sgbd.SGBD`).
+    :param potential_fn: instead of a model, a potential :math:`U(z)` (exact
+        gradients); needs ``init_params`` and ``step_size``.
+    :param gradient_fn: instead of a model, ``gradient_fn(rng_key, z)`` returning a
+        :class:`~numpyro_sgbd.GradientEstimate`; needs ``init_params`` and
+        ``step_size``.
+    :param step_size: :math:`\epsilon`, a positive scalar or dict of sites. Default
+        ``None``: adapted in warmup in the whitened coordinates u of the full-data
+        Hessian at the mode (target 0.05, lowered to keep
+        :math:`\epsilon\hat\tau^2 \le 1.6 C`), as for :class:`~numpyro_sgbd.SGBD`.
+    :param friction: :math:`C`, a positive scalar or dict of sites (default 1; in
+        u with a preconditioner). The corrected variant needs
+        :math:`2C \ge \epsilon\hat\tau^2` (recipe paper, eq. 9); a given step that
+        breaks it at the first minibatch raises before sampling.
+    :param mass: the diagonal mass :math:`M`, positive scalar or dict of sites
+        (default 1).
+    :param str variant: ``"vanilla"`` or ``"corrected"``. Default ``None``:
+        ``"corrected"`` with ``step_size=None``, ``"vanilla"`` otherwise.
+    :param preconditioner: as for :class:`~numpyro_sgbd.SGBD`.
+    :param gradient: as for :class:`~numpyro_sgbd.SGBD`.
+    :param centre: as for :class:`~numpyro_sgbd.SGBD`.
+    :param recentre_every: as for :class:`~numpyro_sgbd.SGBD`.
+    :param float beta: moving-average rate of :math:`\hat\tau` (default 0.1).
+    :param init_noise_sd: initial :math:`\hat\tau` (default: the first minibatch's).
+    :param replace: as for :class:`~numpyro_sgbd.SGBD`.
+    :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
+    :param int log_likelihood_size: as for :class:`~numpyro_sgbd.SGBD`.
+    :param int chunk_size: as for :class:`~numpyro_sgbd.SGBD`.
+
+    The state is a :class:`SGHMCKernelState`; ``kinetic_energy`` is collected by
+    default and reaches ``az.from_numpyro(...).sample_stats``.
+
+    **References**
+
+    1. Chen, T., Fox, E. & Guestrin, C. (2014). *Stochastic gradient Hamiltonian
+       Monte Carlo.* ICML.
+    2. Ma, Y.-A., Chen, T. & Fox, E. (2015). *A complete recipe for stochastic
+       gradient MCMC.* NIPS. Eq. (9), (12).
+
+    **Example**
+
+    >>> import jax, jax.numpy as jnp
+    >>> from numpyro.infer import MCMC
+    >>> kernel = SGHMC(potential_fn=lambda z: 0.5 * jnp.sum(z**2), step_size=0.05)
+    >>> mcmc = MCMC(kernel, num_warmup=500, num_samples=20000, progress_bar=False)
+    >>> mcmc.run(jax.random.key(0), init_params=jnp.zeros(2))
+    >>> bool(abs(mcmc.get_samples().var() - 1.05) < 0.15)
+    True
+    """
+
+    _state_type = SGHMCKernelState
+    _family_init = staticmethod(sghmc_init)
+    _family_step = staticmethod(sghmc_step)
+    _INIT_ARGS = ("mass",)
+    _NOISE_DIFFUSION = "friction"
+    # In u (unit posterior scale) with C = 1 the explicit update's variance is
+    # 1.053 at 0.05 (sd 2.6 % wide, like SGLD's 0.4) and 1.11 at 0.1.
+    _STEP_TARGET = 0.05
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size=None,
+        friction=1.0,
+        mass=1.0,
+        variant=None,
+        preconditioner=None,
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        beta=0.1,
+        init_noise_sd=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
+    ):
+        _check_positive_tree(friction, "friction")
+        _check_positive_tree(mass, "mass")
+        super().__init__(
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            variant=variant,
+            preconditioner=preconditioner,
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            beta=beta,
+            init_noise_sd=init_noise_sd,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
+        )
+        self._hyperparameters = {"friction": friction, "mass": mass}
+
+
+class SGNHT(_FamilyKernel):
+    r"""The stochastic gradient Nosé-Hoover thermostat (Ding et al., 2014), in the
+    form of the complete recipe (Ma, Chen & Fox, 2015, eq. 15).
+
+    .. math::
+
+        z &\leftarrow z + \epsilon p, \\
+        p &\leftarrow p - \epsilon\nabla\hat U(z) - \epsilon\xi p
+            + N\big(0, \epsilon(2A - \epsilon\hat B)\big), \\
+        \xi &\leftarrow \xi + \epsilon\big(p^\top p / d - 1\big),
+
+    all from the old state. The thermostat :math:`\xi` is a friction that adapts
+    until the kinetic energy per coordinate is 1/2: it absorbs gradient noise of an
+    unknown level, which the vanilla variant (:math:`\hat B = 0`, the default)
+    does not estimate (its mean settles near :math:`A + \epsilon\tau^2/2`).
+    ``"corrected"`` subtracts :math:`\hat\tau^2` as :class:`SGHMC` does.
+
+    :param float step_size: :math:`\epsilon`, a positive scalar (default ``None``:
+        adapted as for :class:`SGHMC`, target 0.05 in u).
+    :param float diffusion: :math:`A`, the injected noise and the thermostat's
+        start (default 1), a positive scalar (one thermostat for all coordinates).
+    :param str variant: ``"vanilla"`` (default) or ``"corrected"``.
+
+    The other arguments are those of :class:`SGHMC` (no ``friction`` or ``mass``:
+    the thermostat is the friction, the mass is 1). The state is a
+    :class:`SGNHTKernelState`; ``kinetic_energy`` and ``thermostat`` are collected
+    by default.
+
+    **References**
+
+    1. Ding, N., Fang, Y., Babbush, R., Chen, C., Skeel, R. D. & Neven, H. (2014).
+       *Bayesian sampling using stochastic gradient thermostats.* NIPS.
+    2. Ma, Y.-A., Chen, T. & Fox, E. (2015). *A complete recipe for stochastic
+       gradient MCMC.* NIPS. Eq. (15).
+
+    **Example**
+
+    >>> import jax, jax.numpy as jnp
+    >>> from numpyro.infer import MCMC
+    >>> def noisy(rng_key, z):  # exact gradient plus noise of sd 2 the sampler ignores
+    ...     from numpyro_sgbd import GradientEstimate
+    ...     return GradientEstimate(z + 2.0 * jax.random.normal(rng_key, z.shape))
+    >>> kernel = SGNHT(gradient_fn=noisy, step_size=0.05)
+    >>> mcmc = MCMC(kernel, num_warmup=2000, num_samples=20000, progress_bar=False)
+    >>> mcmc.run(jax.random.key(0), init_params=jnp.zeros(10))
+    >>> xi = mcmc.get_extra_fields()["thermostat"]
+    >>> bool(abs(xi.mean() - (1 + 0.05 * 4 / 2)) < 0.1)
+    True
+    """
+
+    _state_type = SGNHTKernelState
+    _family_init = staticmethod(sgnht_init)
+    _family_step = staticmethod(sgnht_step)
+    _INIT_ARGS = ("diffusion",)
+    _NOISE_DIFFUSION = "diffusion"
+    _STEP_TARGET = 0.05
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size=None,
+        diffusion=1.0,
+        variant="vanilla",
+        preconditioner=None,
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        beta=0.1,
+        init_noise_sd=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
+    ):
+        if step_size is not None and (
+            isinstance(step_size, dict) or np.ndim(step_size)
+        ):
+            raise ValueError(
+                "SGNHT's step_size must be a positive scalar (one thermostat "
+                f"couples all coordinates), got {step_size!r}."
+            )
+        if isinstance(diffusion, dict) or np.ndim(diffusion):
+            raise ValueError(
+                "diffusion must be a positive scalar A (the thermostat is one "
+                f"scalar for all coordinates), got {diffusion!r}."
+            )
+        _check_positive_tree(diffusion, "diffusion")
+        super().__init__(
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            variant=variant,
+            preconditioner=preconditioner,
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            beta=beta,
+            init_noise_sd=init_noise_sd,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
+        )
+        self._hyperparameters = {"diffusion": diffusion}
+
+
+class Recipe(_FamilyKernel):
+    r"""Any sampler of the complete recipe (Ma, Chen & Fox, 2015): a diffusion
+    matrix :math:`D(z)` and a curl matrix :math:`Q(z)` define
+
+    .. math::
+
+        z \leftarrow z - \epsilon\big[(D(z) + Q(z))\nabla\hat U(z) - \Gamma(z)\big]
+            + N\big(0, \epsilon(2D(z) - \epsilon\hat B)\big), \qquad
+        \Gamma_i(z) = \sum_j \partial_j\big(D_{ij}(z) + Q_{ij}(z)\big),
+
+    the Euler step of the SDE of the paper's eqs. (2)-(3), whose stationary law is
+    the posterior for every positive semi-definite D and skew-symmetric Q (Theorem
+    1). The drift adds :math:`\epsilon\Gamma`: the paper's eq. (9) prints
+    :math:`-\epsilon[\ldots + \Gamma]`, which contradicts its eq. (3) (with
+    :math:`D = \mathrm{diag}(\phi)` on a Gamma target only :math:`+\Gamma` gives
+    SGRLD's drift). :math:`\Gamma` comes from automatic differentiation of D and Q.
+    :math:`\hat B = (D+Q)\,\mathrm{diag}(\hat\tau^2)(D+Q)^\top` with
+    ``variant="corrected"``, 0 with ``"vanilla"`` (the default).
+
+    ``Recipe(model, diffusion=lambda x: jnp.ones_like(x), step_size=eps)`` is
+    :class:`~numpyro_sgbd.SGLD` with ``step_size = sqrt(2 eps)``, draw for draw
+    with the same key.
+
+    :param model: a NumPyro model (see :class:`~numpyro_sgbd.SGBD`), or
+        ``potential_fn`` / ``gradient_fn`` with ``init_params``.
+    :param float step_size: :math:`\epsilon`, a positive scalar (required: there is
+        no whitened space in which to adapt a position-dependent D).
+    :param diffusion: ``diffusion(x) -> D``: x is the unconstrained z flattened by
+        :func:`jax.flatten_util.ravel_pytree` (sites in sorted order); D is a
+        ``(d,)`` vector (a diagonal matrix) or a ``(d, d)`` positive
+        semi-definite matrix.
+    :param curl: ``curl(x) -> Q``, a ``(d, d)`` skew-symmetric matrix, or ``None``
+        (Q = 0).
+    :param str variant: ``"vanilla"`` (default) or ``"corrected"``.
+
+    The other arguments are those of :class:`SGHMC` except ``preconditioner``
+    (always ``"none"``). :math:`D` and :math:`Q` are checked at the initial
+    position before compiling: shape, symmetry, positive semi-definiteness,
+    skew-symmetry. The state is a :class:`RecipeKernelState`.
+
+    **References**
+
+    1. Ma, Y.-A., Chen, T. & Fox, E. (2015). *A complete recipe for stochastic
+       gradient MCMC.* NIPS. Eqs. (2), (3), (9), Theorem 1.
+
+    **Example**
+
+    >>> import jax, jax.numpy as jnp
+    >>> from numpyro.infer import MCMC
+    >>> kernel = Recipe(potential_fn=lambda z: 0.5 * jnp.sum(z**2), step_size=0.02,
+    ...                 diffusion=lambda x: 1.0 + x**2)
+    >>> mcmc = MCMC(kernel, num_warmup=500, num_samples=20000, progress_bar=False)
+    >>> mcmc.run(jax.random.key(0), init_params=jnp.zeros(2))
+    >>> bool(abs(mcmc.get_samples().var() - 1.0) < 0.15)
+    True
+    """
+
+    _state_type = RecipeKernelState
+    _family_init = staticmethod(_position)
+    _family_step = staticmethod(_recipe_family)
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size,
+        diffusion,
+        curl=None,
+        variant="vanilla",
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        beta=0.1,
+        init_noise_sd=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
+    ):
+        if step_size is None or isinstance(step_size, dict) or np.ndim(step_size):
+            raise ValueError(
+                f"{type(self).__name__} needs step_size, a positive scalar epsilon "
+                f"(got {step_size!r}): a position-dependent D has no whitened "
+                "coordinates to adapt a step in."
+            )
+        if not callable(diffusion):
+            raise ValueError(
+                "diffusion must be a function x -> D(x) of the flat unconstrained "
+                "position, returning a (d,) vector or a (d, d) matrix; got "
+                f"{type(diffusion).__name__}."
+            )
+        if curl is not None and not callable(curl):
+            raise ValueError(
+                "curl must be None or a function x -> Q(x) returning a (d, d) "
+                f"skew-symmetric matrix; got {type(curl).__name__}."
+            )
+        super().__init__(
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            variant=variant,
+            preconditioner="none",
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            beta=beta,
+            init_noise_sd=init_noise_sd,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
+        )
+        self._hyperparameters = {"diffusion": diffusion, "curl": curl}
+
+    def _prepare(self, shapes, one_z):
+        super()._prepare(shapes, one_z)
+        x = ravel_pytree(one_z)[0]
+        if not _has_tracer(x):  # under pmap the start is abstract: checked there
+            check_recipe(self._step_kwargs["diffusion"], self._step_kwargs["curl"], x)
+
+
+class SGRLD(Recipe):
+    r"""Stochastic gradient Riemannian Langevin dynamics (Patterson & Teh, 2013):
+    the recipe with a position-dependent diagonal :math:`D(z) = G(z)^{-1}`, the
+    inverse of a metric, :math:`Q = 0` and :math:`\hat B = 0` (Ma, Chen & Fox,
+    2015, eq. 14):
+
+    .. math::
+
+        z_j \leftarrow z_j - \epsilon\big[D_j(z)\,\partial_j\hat U(z)
+            - \partial_j D_j(z)\big] + \sqrt{2\epsilon D_j(z)}\,\eta_j.
+
+    **The expanded mean on a simplex.** Write a Dirichlet(:math:`\alpha`) site as
+    independent :math:`\phi_k \sim \mathrm{Gamma}(\alpha_k, 1)` with
+    :math:`\theta = \phi / \sum_k\phi_k` (a deterministic site). Patterson & Teh's
+    metric :math:`D = \mathrm{diag}(\phi)` becomes, in NumPyro's unconstrained
+    :math:`z = \log\phi`, :math:`D(z) = e^{-z}`:
+    ``SGRLD(model, inverse_metric={"phi": lambda z: jnp.exp(-z)}, ...)``.
+    Each coordinate then moves on the scale of its own posterior sd, whether its
+    count is 10 or :math:`10^6`. In :math:`\log\phi` the injected noise grows
+    like :math:`e^{-z/2}`: where a posterior puts mass near :math:`\phi = 0`
+    (:math:`\alpha_k + n_k \lesssim 1`) the explicit step can jump far and stop the
+    chain as non-finite; take a smaller step there (Patterson & Teh's own update
+    runs in :math:`\phi` with a mirror at 0:
+    :func:`~numpyro_sgbd.updates.sgrld.sgrld_step` with ``reflect=True``).
+
+    :param float step_size: :math:`\epsilon`, a positive scalar.
+    :param inverse_metric: the diagonal :math:`D(z)`: a function of the
+        unconstrained z (a dict of sites for a model) returning positive values
+        of z's structure, or a dict ``{site: function of that site}``.
+
+    The other arguments are those of :class:`Recipe` (no ``diffusion``, ``curl``
+    or ``variant``). The state is a :class:`RecipeKernelState`.
+
+    **References**
+
+    1. Patterson, S. & Teh, Y. W. (2013). *Stochastic gradient Riemannian Langevin
+       dynamics on the probability simplex.* NIPS.
+    2. Ma, Y.-A., Chen, T. & Fox, E. (2015). *A complete recipe for stochastic
+       gradient MCMC.* NIPS. Eq. (14).
+    """
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size,
+        inverse_metric,
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
+    ):
+        if isinstance(inverse_metric, dict):
+            bad = [k for k, f in inverse_metric.items() if not callable(f)]
+            if bad:
+                raise ValueError(
+                    f"inverse_metric[{bad[0]!r}] must be a function of the site's "
+                    "unconstrained value returning positive values of its shape."
+                )
+        elif not callable(inverse_metric):
+            raise ValueError(
+                "inverse_metric must be a function of the unconstrained z (or a "
+                "dict {site: function}) returning positive values of z's "
+                f"structure; got {type(inverse_metric).__name__}."
+            )
+        self._inverse_metric = inverse_metric
+        super().__init__(
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            # Replaced in `_prepare`, once z's structure is known.
+            diffusion=_unit_diffusion,
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
+        )
+
+    def _prepare(self, shapes, one_z):
+        unravel = ravel_pytree(one_z)[1]
+        metric = self._inverse_metric
+        if isinstance(metric, dict):
+            if not isinstance(one_z, dict) or set(metric) - set(one_z):
+                raise ValueError(
+                    f"inverse_metric names sites {sorted(metric)}, but the latent "
+                    f"sites are {sorted(one_z) if isinstance(one_z, dict) else '-'}."
+                )
+            sites = metric
+
+            def metric(z):  # noqa: F811 - the per-site functions, 1 elsewhere
+                return {
+                    k: sites[k](v) if k in sites else jnp.ones_like(v)
+                    for k, v in z.items()
+                }
+
+        def diffusion(x):
+            return ravel_pytree(metric(unravel(x)))[0]
+
+        self._hyperparameters = {"diffusion": diffusion, "curl": None}
+        super()._prepare(shapes, one_z)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        # The flat diffusion closes over z's structure: rebuilt by `init`.
+        state["_hyperparameters"] = {"diffusion": _unit_diffusion, "curl": None}
+        return state
