@@ -770,7 +770,7 @@ class _SGKernel(MCMCKernel):
         if not plates:
             warnings.warn(
                 "The model has no subsampled plate, so every step uses the full data "
-                "(exact gradients: unadjusted Barker / Langevin). For minibatches "
+                "(exact gradients: the unadjusted dynamics). For minibatches "
                 "write numpyro.plate(name, N, subsample_size=n).",
                 UserWarning,
                 stacklevel=3,

@@ -69,6 +69,35 @@ def _recipe_family(rng_key, aux, z_grad, step_size, *, variant, noise_sd, **kw):
     return _Position(z), _RecipeInfo(info.noise_clipped)
 
 
+_PositionMomentum = namedtuple("_PositionMomentum", ["z", "p"])
+
+
+def _position_momentum(x, rng_key):
+    """The family state of a recipe on (z, p), p ~ N(0, I) (one key per leaf)."""
+    leaves, treedef = jax.tree.flatten(x)
+    keys = jax.random.split(rng_key, max(len(leaves), 1))[: len(leaves)]
+    p = [
+        jax.random.normal(k, jnp.shape(v), jnp.result_type(v))
+        for k, v in zip(keys, leaves)
+    ]
+    return _PositionMomentum(x, treedef.unflatten(p))
+
+
+def _recipe_momentum_family(
+    rng_key, aux, z_grad, step_size, *, variant, noise_sd, **kw
+):
+    r"""The recipe on (z, p) with H = U(z) + p'p / 2, so grad H = (grad U, p); the
+    gradient noise is the z block of the diagonal V behind :math:`\hat B`."""
+    noise_var = None
+    if variant == "corrected" and noise_sd is not None:
+        tau2 = ravel_pytree(jax.tree.map(jnp.square, noise_sd))[0]
+        noise_var = jnp.concatenate([tau2, jnp.zeros_like(tau2)])
+    (z, p), info = recipe_step(
+        rng_key, (aux.z, aux.p), (z_grad, aux.p), step_size, noise_var=noise_var, **kw
+    )
+    return _PositionMomentum(z, p), _RecipeInfo(info.noise_clipped)
+
+
 class SGHMC(_FamilyKernel):
     r"""Stochastic gradient Hamiltonian Monte Carlo (Chen, Fox & Guestrin, 2014), in
     the form the complete recipe gives it (Ma, Chen & Fox, 2015, eq. 12).
@@ -337,7 +366,13 @@ class Recipe(_FamilyKernel):
         semi-definite matrix.
     :param curl: ``curl(x) -> Q``, a ``(d, d)`` skew-symmetric matrix, or ``None``
         (Q = 0).
-    :param str variant: ``"vanilla"`` (default) or ``"corrected"``.
+    :param bool momentum: run the recipe on :math:`x = (z, p)` with
+        :math:`H = U(z) + \tfrac12 p^\top p` (:math:`p \sim N(0, I)` at the start);
+        D and Q are then functions of the flat :math:`(z, p)` of size 2d.
+        ``D = (0, C)``, ``Q = ((0, -I), (I, 0))`` is :class:`SGHMC` with unit
+        mass (recipe paper, eq. 12). Default ``False``.
+    :param str variant: ``"vanilla"`` (default) or ``"corrected"``
+        (:math:`V = (\hat\tau^2, 0)` with ``momentum``).
 
     The other arguments are those of :class:`SGHMC` except ``preconditioner``
     (always ``"none"``). :math:`D` and :math:`Q` are checked at the initial
@@ -374,6 +409,7 @@ class Recipe(_FamilyKernel):
         step_size,
         diffusion,
         curl=None,
+        momentum=False,
         variant="vanilla",
         gradient=None,
         centre=None,
@@ -419,11 +455,19 @@ class Recipe(_FamilyKernel):
             log_likelihood_size=log_likelihood_size,
             chunk_size=chunk_size,
         )
+        if not isinstance(momentum, (bool, np.bool_)):
+            raise ValueError(f"momentum must be True or False, got {momentum!r}.")
+        self._momentum = bool(momentum)
+        if self._momentum:  # the family on (z, p)
+            self._family_init = _position_momentum
+            self._family_step = _recipe_momentum_family
         self._hyperparameters = {"diffusion": diffusion, "curl": curl}
 
     def _prepare(self, shapes, one_z):
         super()._prepare(shapes, one_z)
         x = ravel_pytree(one_z)[0]
+        if self._momentum:
+            x = jnp.concatenate([x, jnp.zeros_like(x)])
         if not _has_tracer(x):  # under pmap the start is abstract: checked there
             check_recipe(self._step_kwargs["diffusion"], self._step_kwargs["curl"], x)
 

@@ -67,9 +67,50 @@ def test_recipe_with_unit_diffusion_is_sgld_draw_for_draw(y):
     assert float(jnp.std(a["mu"])) > 0
 
 
-def test_sghmc_kernel_matches_the_exact_law_of_its_chain():
+def _recipe_sghmc(gradient_fn, step_size, friction, mass, variant):
+    """SGHMC as the recipe on (z, p) (recipe paper, eq. 12): unit mass, so the
+    mass m of SGHMC(mass=m) enters as p -> p / sqrt(m), eps -> eps / sqrt(m),
+    C -> C / m. Only m = 1 is compared here."""
+    assert mass == 1.0
+
+    def diffusion(x):
+        d = x.shape[0] // 2
+        return jnp.concatenate([jnp.zeros(d), jnp.full(d, friction)])
+
+    def curl(x):
+        d = x.shape[0] // 2
+        eye, zero = jnp.eye(d), jnp.zeros((d, d))
+        return jnp.block([[zero, -eye], [eye, zero]])
+
+    return Recipe(
+        gradient_fn=gradient_fn,
+        step_size=step_size,
+        diffusion=diffusion,
+        curl=curl,
+        momentum=True,
+        variant=variant,
+    )
+
+
+@pytest.mark.parametrize(
+    "make,mass",
+    [
+        (
+            lambda g, eps, c, m, v: SGHMC(
+                gradient_fn=g, step_size=eps, friction=c, mass=m, variant=v
+            ),
+            0.25,
+        ),
+        (_recipe_sghmc, 1.0),
+    ],
+    ids=["SGHMC", "Recipe-SGHMC"],
+)
+def test_sghmc_kernel_matches_the_exact_law_of_its_chain(make, mass):
     """SGHMC through the adapter on N(0, s^2) with injected gradient noise of sd
-    tau, given to the corrected variant as the GradientEstimate's noise sd.
+    tau, given to the corrected variant as the GradientEstimate's noise sd; and
+    the same sampler written as Recipe(D = (0, C), Q = ((0, -I), (I, 0)),
+    momentum=True), which must have the same law (it does not share SGHMC's unit
+    draws, so the check is in law, not draw for draw).
 
     The chain (z, p) is linear-Gaussian, so Var(z) solves a discrete Lyapunov
     equation in step_size, friction and mass: a wrong hyperparameter handed to the
@@ -78,19 +119,13 @@ def test_sghmc_kernel_matches_the_exact_law_of_its_chain():
     Monte Carlo standard errors of the variance from the ESS (failure rate < 1e-6
     for a correct kernel if the ESS is right; it is an estimate, hence 5).
     """
-    s, tau, eps, friction, mass = 2.0, 3.0, 0.1, 0.8, 0.25
+    s, tau, eps, friction = 2.0, 3.0, 0.1, 0.8
 
     def gradient_fn(rng_key, z):
         noise = tau * random.normal(rng_key, jnp.shape(z))
         return GradientEstimate(z / s**2 + noise, noise_sd=jnp.full_like(z, tau))
 
-    kernel = SGHMC(
-        gradient_fn=gradient_fn,
-        step_size=eps,
-        friction=friction,
-        mass=mass,
-        variant="corrected",
-    )
+    kernel = make(gradient_fn, eps, friction, mass, "corrected")
     mcmc = _run(
         kernel,
         num_warmup=300,
@@ -125,6 +160,7 @@ def gamma_model(counts, alpha):
     numpyro.sample("counts", dist.Poisson(phi), obs=counts)
 
 
+@pytest.mark.filterwarnings("ignore:The model has no subsampled plate")
 def test_sgrld_samples_a_dirichlet_posterior_on_the_simplex():
     """SGRLD with Patterson & Teh's expanded-mean metric, written in NumPyro's
     unconstrained z = log phi (D = exp(-z)), samples theta ~ Dirichlet(alpha + n).
