@@ -28,7 +28,7 @@ from numpyro.infer import MCMC
 from numpyro.infer.util import ParamInfo
 import pytest
 
-from numpyro_sgbd import NOGIN, SGBD, SGLD
+from numpyro_sgbd import NOGIN, SGBD, SGHMC, SGLD, SGNHT, Recipe
 
 # Kernel factories given the posterior sd ``sd`` of the model's coordinates (a
 # scalar, or a dict by site): SGBD and SGLD step a fifth of it; NOGIN takes the
@@ -39,6 +39,14 @@ def _scaled(sd, factor):
     if isinstance(sd, dict):
         return {k: factor * v for k, v in sd.items()}
     return factor * sd
+
+
+def _min_sd(sd):
+    return min(sd.values()) if isinstance(sd, dict) else sd
+
+
+def _min_inverse(sd):
+    return 1.0 / _min_sd(sd)
 
 
 def _precision(sd):
@@ -57,8 +65,36 @@ KERNELS = {
     "NOGIN": lambda model=None, sd=1.0, **kw: NOGIN(
         model, step_size=0.5, mass=_precision(sd), covariance="full", **kw
     ),
+    # Momentum samplers: mass = precision puts the step in sd units (0.2: the
+    # explicit update's variance is 1.125 times the target's at friction 2 in
+    # those units); SGNHT has unit mass, so its step is a fifth of the sd and its
+    # thermostat starts at 1 / sd (friction 1 per unit of the posterior's time).
+    "SGHMC": lambda model=None, sd=1.0, **kw: SGHMC(
+        model,
+        step_size=0.2,
+        mass=_precision(sd),
+        friction=_scaled(_precision(sd), 2.0),
+        **kw,
+    ),
+    "SGNHT": lambda model=None, sd=1.0, **kw: SGNHT(
+        model, step_size=0.2 * _min_sd(sd), diffusion=_min_inverse(sd), **kw
+    ),
+    # The recipe with D = I: SGLD with step sqrt(2 eps).
+    "Recipe": lambda model=None, sd=1.0, **kw: Recipe(
+        model, step_size=_min_sd(sd) ** 2 / 50, diffusion=jnp.ones_like, **kw
+    ),
 }
-ALL_KERNELS = pytest.mark.parametrize("kernel_name", sorted(KERNELS))
+# The kernels added in round two run the whole contract with -m slow; CI runs
+# their core cases (marked below) to stay within its time.
+_SLOW = {"SGHMC", "SGNHT", "Recipe"}
+ALL_KERNELS = pytest.mark.parametrize(
+    "kernel_name",
+    [
+        pytest.param(k, marks=pytest.mark.slow) if k in _SLOW else k
+        for k in sorted(KERNELS)
+    ],
+)
+EVERY_KERNEL = pytest.mark.parametrize("kernel_name", sorted(KERNELS))
 
 N, SUBSAMPLE = 200, 20
 
@@ -285,10 +321,17 @@ def test_parallel_control_variates_end_to_end(y, kernel_name):
 
 
 # ------------------------------------------------- step_size=None (adapted)
-ADAPTED = {"SGBD": SGBD, "SGLD": SGLD, "NOGIN": NOGIN}
+ADAPTED = {"SGBD": SGBD, "SGLD": SGLD, "NOGIN": NOGIN, "SGHMC": SGHMC, "SGNHT": SGNHT}
+ADAPTED_KERNELS = pytest.mark.parametrize(
+    "kernel_name",
+    [
+        pytest.param(k, marks=pytest.mark.slow) if k in _SLOW else k
+        for k in sorted(ADAPTED)
+    ],
+)
 
 
-@ALL_KERNELS
+@ADAPTED_KERNELS
 @pytest.mark.parametrize("chain_method", ["parallel", "vectorized"])
 def test_adapted_chains_end_to_end(y, kernel_name, chain_method):
     """No step size: each chain adapts its own step, fixed after warmup; ArviZ; a
@@ -324,7 +367,7 @@ def test_adapted_chains_end_to_end(y, kernel_name, chain_method):
     assert abs(mu.mean() - _posterior_mu(y)) < 0.5 * MU_SD
 
 
-@ALL_KERNELS
+@ADAPTED_KERNELS
 @pytest.mark.parametrize("jit_model_args", [False, True])
 def test_adapted_reuse_mcmc_run(kernel_name, jit_model_args):
     # NumPyro's test_reuse_mcmc_run as NumPyro wrote it, with no init_params:
@@ -481,7 +524,7 @@ def test_progress_bar_does_not_change_the_draws(y, kernel_name):
 
 
 # ------------------------------------------------------- fields and sites
-@ALL_KERNELS
+@EVERY_KERNEL
 def test_extra_fields(y, kernel_name):
     kernel = KERNELS[kernel_name](normal_model, sd=MU_SD)
     mcmc = _run(
@@ -750,7 +793,7 @@ def test_empty_model(kernel_name, num_chains, chain_method):
 
 
 # ---------------------------------------------------------------- pickling
-@ALL_KERNELS
+@EVERY_KERNEL
 def test_pickle_mcmc_and_resume(y, kernel_name):
     # NumPyro's test_pickle_hmc and test_mcmc_pickle_post_warmup.
     mcmc = _run(KERNELS[kernel_name](normal_model, sd=MU_SD), y)
@@ -773,7 +816,7 @@ def logistic_regression():
         numpyro.sample("obs", dist.Bernoulli(logits=x), obs=batch)
 
 
-@ALL_KERNELS
+@EVERY_KERNEL
 def test_pickle_with_subsample_statement(kernel_name):
     # NumPyro's test_pickle_hmcecs model: numpyro.subsample inside the plate, the
     # data closed over, a legacy uint32 PRNGKey.
