@@ -1851,14 +1851,18 @@ _FAMILY_HEAD = (
 _FAMILY_TAIL = ("num_nonfinite", "centre", "rng_key", "aux", "step_size", "scale")
 
 
-def family_state(name, statistics=()):
+def family_state(name, statistics=(), *, module=None):
     """The state type of a kernel on :class:`_FamilyKernel`: :class:`SGState`'s
     fields, the sampler's own per-draw ``statistics`` (scalars, collected by
     default), and ``aux``, the update family's own state (e.g. momentum) over the
     flat position in u with a preconditioner, over z's pytree without. Assign it
-    to a module-level name equal to ``name`` so that it pickles."""
+    to a module-level name equal to ``name`` in ``module`` (the caller's
+    ``__name__``) so that it pickles."""
     return namedtuple(
-        name, _FAMILY_HEAD + tuple(statistics) + _FAMILY_TAIL, defaults=(None, None)
+        name,
+        _FAMILY_HEAD + tuple(statistics) + _FAMILY_TAIL,
+        defaults=(None, None),
+        module=module,
     )
 
 

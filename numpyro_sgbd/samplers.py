@@ -27,7 +27,9 @@ from numpyro_sgbd.updates.sgnht import sgnht_init, sgnht_step
 
 __all__ = ["SGHMC", "SGNHT", "SGRLD", "Recipe"]
 
-SGHMCKernelState = family_state("SGHMCKernelState", ("kinetic_energy",))
+SGHMCKernelState = family_state(
+    "SGHMCKernelState", ("kinetic_energy",), module=__name__
+)
 SGHMCKernelState.__doc__ = """State of :class:`SGHMC`: the fields of
 :class:`~numpyro_sgbd.SGState` (``tolerance_exceeded`` is the fraction of
 coordinates where the corrected variant's injected variance
@@ -36,12 +38,14 @@ coordinates where the corrected variant's injected variance
 ``aux``, the pure :class:`~numpyro_sgbd.updates.sghmc.SGHMCState` (position and
 momentum; flat, in u, with a preconditioner)."""
 
-SGNHTKernelState = family_state("SGNHTKernelState", ("kinetic_energy", "thermostat"))
+SGNHTKernelState = family_state(
+    "SGNHTKernelState", ("kinetic_energy", "thermostat"), module=__name__
+)
 SGNHTKernelState.__doc__ = """State of :class:`SGNHT`: as
 :class:`SGHMCKernelState`, with ``thermostat`` (:math:`\\xi`, collected by
 default) and ``aux`` the pure :class:`~numpyro_sgbd.updates.sgnht.SGNHTState`."""
 
-RecipeKernelState = family_state("RecipeKernelState")
+RecipeKernelState = family_state("RecipeKernelState", module=__name__)
 RecipeKernelState.__doc__ = """State of :class:`Recipe` and :class:`SGRLD`: the
 fields of :class:`~numpyro_sgbd.SGState`, ``tolerance_exceeded`` being the fraction
 of eigenvalues of :math:`2D - \\epsilon\\hat B` clipped at 0."""
