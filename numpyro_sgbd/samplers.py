@@ -77,14 +77,9 @@ _PositionMomentum = namedtuple("_PositionMomentum", ["z", "p"])
 
 
 def _position_momentum(x, rng_key):
-    """The family state of a recipe on (z, p), p ~ N(0, I) (one key per leaf)."""
-    leaves, treedef = jax.tree.flatten(x)
-    keys = jax.random.split(rng_key, max(len(leaves), 1))[: len(leaves)]
-    p = [
-        jax.random.normal(k, jnp.shape(v), jnp.result_type(v))
-        for k, v in zip(keys, leaves)
-    ]
-    return _PositionMomentum(x, treedef.unflatten(p))
+    """The family state of a recipe on (z, p), p ~ N(0, I): SGHMC's unit-mass
+    momentum draw."""
+    return _PositionMomentum(x, sghmc_init(x, rng_key).p)
 
 
 def _recipe_momentum_family(
