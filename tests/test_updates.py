@@ -12,6 +12,7 @@ SGLD draws ``random.normal(leaf_key, shape, dtype)``; SGBD splits the leaf key i
 
 from functools import partial
 
+from _trees import tree_like, tree_z
 import jax
 from jax import lax, random
 import jax.numpy as jnp
@@ -44,19 +45,6 @@ COROLLARY1_BOUND = 0.019
 
 # --------------------------------------------------------------------------------------
 # helpers
-
-
-def _tree_z():
-    """A nested dict of leaves of mixed shapes (a scalar, a vector, a matrix)."""
-    return {
-        "a": jnp.asarray(0.25, jnp.float32),
-        "b": jnp.array([1.0, -2.0, 0.5], jnp.float32),
-        "c": {"d": jnp.arange(8, dtype=jnp.float32).reshape(2, 4) / 4.0 - 1.0},
-    }
-
-
-def _tree_like(z, fn):
-    return jax.tree.map(lambda x: fn(x).astype(x.dtype), z)
 
 
 def _leaf_keys(rng_key, z):
@@ -100,10 +88,10 @@ ALL_RULE_CASES = [("barker", v, inc) for v, inc in BARKER_CASES] + [
 
 
 def _pytree_problem():
-    z = _tree_z()
+    z = tree_z()
     z["e"] = jnp.array([0.5, -0.5], jnp.float16)  # a leaf of another dtype
-    z_grad = _tree_like(z, lambda x: 0.3 * x + 0.1)
-    noise_sd = _tree_like(z, lambda x: jnp.full(jnp.shape(x), 0.8))
+    z_grad = tree_like(z, lambda x: 0.3 * x + 0.1)
+    noise_sd = tree_like(z, lambda x: jnp.full(jnp.shape(x), 0.8))
     return z, z_grad, noise_sd
 
 
@@ -174,14 +162,14 @@ def test_barker_common_random_numbers(variant, increment):
     orders of magnitude) and the noise sd (one per coordinate, some beyond the
     tolerance) are all rebuilt here from the same key.
     """
-    z = _tree_z()
-    z_grad = _tree_like(z, lambda x: 2.0 * x - 0.3)
+    z = tree_z()
+    z_grad = tree_like(z, lambda x: 2.0 * x - 0.3)
     step_size = {
         "a": jnp.asarray(1e-3, jnp.float32),
         "b": jnp.array([1e-2, 0.5, 3.0], jnp.float32),
         "c": {"d": jnp.geomspace(1e-3, 10.0, 8, dtype=jnp.float32).reshape(2, 4)},
     }
-    noise_sd = _tree_like(z, lambda x: jnp.linspace(0.0, 4.0, x.size).reshape(x.shape))
+    noise_sd = tree_like(z, lambda x: jnp.linspace(0.0, 4.0, x.size).reshape(x.shape))
     key = random.key(3)
     z_new, exceeded = barker_step(
         key,
@@ -359,8 +347,8 @@ def test_sign_rule_flip_probability():
 @pytest.mark.parametrize("increment", INCREMENTS)
 def test_extreme_barker_moves_along_the_force(increment):
     """Extreme SGBD: z_new - z = sign(force) |w| deterministically, force = -z_grad."""
-    z = _tree_z()
-    z_grad = _tree_like(z, lambda x: 2.0 * x - 0.3)  # both signs, never 0
+    z = tree_z()
+    z_grad = tree_like(z, lambda x: 2.0 * x - 0.3)  # both signs, never 0
     key = random.key(7)
     z_new, _ = barker_step(key, z, z_grad, 0.4, variant="extreme", increment=increment)
     ws, _ = _barker_unit_draws(key, z, 0.4, increment)
@@ -388,9 +376,9 @@ def test_extreme_barker_moves_along_the_force(increment):
 
 @pytest.mark.parametrize("increment", INCREMENTS)
 def test_zero_noise_corrected_barker_is_vanilla(increment):
-    z = _tree_z()
-    z_grad = _tree_like(z, lambda x: 3.0 * x - 0.2)
-    zero = _tree_like(z, jnp.zeros_like)
+    z = tree_z()
+    z_grad = tree_like(z, lambda x: 3.0 * x - 0.2)
+    zero = tree_like(z, jnp.zeros_like)
     args = (random.key(5), z, z_grad, 0.7)
     z_van, _ = barker_step(*args, variant="vanilla", increment=increment)
     z_cor, exceeded = barker_step(
@@ -401,8 +389,8 @@ def test_zero_noise_corrected_barker_is_vanilla(increment):
 
 
 def test_zero_noise_corrected_langevin_is_vanilla():
-    z = _tree_z()
-    z_grad = _tree_like(z, lambda x: 3.0 * x - 0.2)
+    z = tree_z()
+    z_grad = tree_like(z, lambda x: 3.0 * x - 0.2)
     args = (random.key(5), z, z_grad, 0.7)
     z_van, _ = langevin_step(*args, variant="vanilla")
     z_cor, exceeded = langevin_step(*args, variant="corrected", noise_sd=0.0)
@@ -433,9 +421,9 @@ def test_zero_gradient_barker_move_is_symmetric(variant, increment):
 
 
 def test_extreme_langevin_is_gradient_descent():
-    z = _tree_z()
-    z_grad = _tree_like(z, lambda x: 3.0 * x - 0.2)
-    step_size = _tree_like(z, lambda x: jnp.linspace(0.1, 2.0, x.size).reshape(x.shape))
+    z = tree_z()
+    z_grad = tree_like(z, lambda x: 3.0 * x - 0.2)
+    step_size = tree_like(z, lambda x: jnp.linspace(0.1, 2.0, x.size).reshape(x.shape))
     z_new, exceeded = langevin_step(
         random.key(0), z, z_grad, step_size, variant="extreme"
     )
@@ -456,10 +444,10 @@ def test_langevin_common_random_numbers(variant):
     scale = sigma (vanilla) or sqrt(max(0, sigma^2 - tau^2 sigma^4 / 4)) (corrected);
     tau sigma runs from 0 to 3 across the coordinates, so some are clipped to zero.
     """
-    z = _tree_z()
-    z_grad = _tree_like(z, lambda x: 3.0 * x - 0.2)
-    step_size = _tree_like(z, lambda x: jnp.linspace(0.2, 1.5, x.size).reshape(x.shape))
-    noise_sd = _tree_like(z, lambda x: jnp.linspace(0.0, 2.0, x.size).reshape(x.shape))
+    z = tree_z()
+    z_grad = tree_like(z, lambda x: 3.0 * x - 0.2)
+    step_size = tree_like(z, lambda x: jnp.linspace(0.2, 1.5, x.size).reshape(x.shape))
+    noise_sd = tree_like(z, lambda x: jnp.linspace(0.0, 2.0, x.size).reshape(x.shape))
     key = random.key(9)
     z_new, exceeded = langevin_step(
         key, z, z_grad, step_size, variant=variant, noise_sd=noise_sd

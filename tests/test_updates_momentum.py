@@ -12,6 +12,7 @@ momentum drawn by ``sghmc_init`` / ``sgnht_init``.
 
 from functools import partial
 
+from _trees import tree_like, tree_z
 import jax
 from jax import lax, random
 import jax.numpy as jnp
@@ -43,19 +44,6 @@ VARIANTS = ("vanilla", "corrected")
 # helpers
 
 
-def _tree_z():
-    """A nested dict of leaves of mixed shapes (a scalar, a vector, a matrix)."""
-    return {
-        "a": jnp.asarray(0.25, jnp.float32),
-        "b": jnp.array([1.0, -2.0, 0.5], jnp.float32),
-        "c": {"d": jnp.arange(8, dtype=jnp.float32).reshape(2, 4) / 4.0 - 1.0},
-    }
-
-
-def _tree_like(z, fn):
-    return jax.tree.map(lambda x: fn(x).astype(x.dtype), z)
-
-
 def _spread(lo, hi):
     """A leaf-shaped ramp from lo to hi, one value per coordinate."""
     return lambda x: jnp.linspace(lo, hi, x.size).reshape(x.shape)
@@ -70,11 +58,11 @@ def _unit_draws(rng_key, z):
 
 
 def _pytree_problem():
-    z = _tree_z()
+    z = tree_z()
     z["e"] = jnp.array([0.5, -0.5], jnp.float16)  # a leaf of another dtype
-    p = _tree_like(z, lambda x: 0.5 - x)
-    z_grad = _tree_like(z, lambda x: 0.3 * x + 0.1)
-    noise_sd = _tree_like(z, lambda x: jnp.full(jnp.shape(x), 0.8))
+    p = tree_like(z, lambda x: 0.5 - x)
+    z_grad = tree_like(z, lambda x: 0.3 * x + 0.1)
+    noise_sd = tree_like(z, lambda x: jnp.full(jnp.shape(x), 0.8))
     return z, p, z_grad, noise_sd
 
 
@@ -188,7 +176,7 @@ def test_init_draws_momentum_from_the_key():
     """p = sqrt(m) * unit draw per leaf with the step's key convention; zeros without
     a key; SGNHT's thermostat starts at the diffusion A."""
     z, _, _, _ = _pytree_problem()
-    mass = _tree_like(z, _spread(0.5, 4.0))
+    mass = tree_like(z, _spread(0.5, 4.0))
     key = random.key(4)
     state = sghmc_init(z, key, mass=mass)
     assert _tree_equal(state.z, z)
@@ -202,11 +190,11 @@ def test_init_draws_momentum_from_the_key():
         np.testing.assert_allclose(
             np.asarray(p, np.float32), np.asarray(jnp.sqrt(m) * xi, np.float32)
         )
-    assert _tree_equal(sghmc_init(z).p, _tree_like(z, jnp.zeros_like))
+    assert _tree_equal(sghmc_init(z).p, tree_like(z, jnp.zeros_like))
     state = sgnht_init(z, key, diffusion=2.5)
     assert _tree_equal(state.p, sghmc_init(z, key).p)
     assert float(state.thermostat) == 2.5
-    assert _tree_equal(sgnht_init(z).p, _tree_like(z, jnp.zeros_like))
+    assert _tree_equal(sgnht_init(z).p, tree_like(z, jnp.zeros_like))
 
 
 # --------------------------------------------------------------------------------------
@@ -214,11 +202,11 @@ def test_init_draws_momentum_from_the_key():
 
 
 def _crn_problem():
-    z = _tree_z()
-    p = _tree_like(z, lambda x: 1.0 - 0.7 * x)
-    z_grad = _tree_like(z, lambda x: 2.0 * x - 0.3)
+    z = tree_z()
+    p = tree_like(z, lambda x: 1.0 - 0.7 * x)
+    z_grad = tree_like(z, lambda x: 2.0 * x - 0.3)
     # eps tau^2 / (2 D) runs from 0 to 2.25 over the coordinates: some are clipped.
-    noise_sd = _tree_like(z, _spread(0.0, 3.0))
+    noise_sd = tree_like(z, _spread(0.0, 3.0))
     return z, p, z_grad, noise_sd
 
 
@@ -230,9 +218,9 @@ def test_sghmc_common_random_numbers(variant):
     unit draw of the same key; every hyperparameter is one value per coordinate.
     """
     z, p, z_grad, noise_sd = _crn_problem()
-    step_size = _tree_like(z, _spread(0.2, 0.5))
-    friction = _tree_like(z, _spread(0.5, 1.5))
-    mass = _tree_like(z, _spread(2.0, 0.5))
+    step_size = tree_like(z, _spread(0.2, 0.5))
+    friction = tree_like(z, _spread(0.5, 1.5))
+    mass = tree_like(z, _spread(2.0, 0.5))
     key = random.key(9)
     state, info = sghmc_step(
         key,
@@ -324,7 +312,7 @@ def test_sgnht_common_random_numbers(variant):
 def test_zero_noise_corrected_is_vanilla():
     """noise_sd = 0: the corrected variants are the vanilla ones, bit for bit."""
     z, p, z_grad, _ = _crn_problem()
-    zero = _tree_like(z, jnp.zeros_like)
+    zero = tree_like(z, jnp.zeros_like)
     key = random.key(5)
     for noise_sd in (zero, 0.0):
         van = sghmc_step(key, SGHMCState(z, p), z_grad, 0.3, friction=0.8)

@@ -13,6 +13,7 @@ fails with the sign flipped or with Gamma dropped.
 
 from functools import partial
 
+from _trees import tree_like, tree_z
 import jax
 from jax import lax, random
 import jax.numpy as jnp
@@ -37,19 +38,6 @@ pytestmark = pytest.mark.heavy
 
 # --------------------------------------------------------------------------------------
 # helpers
-
-
-def _tree_z():
-    """A nested dict of leaves of mixed shapes (a scalar, a vector, a matrix)."""
-    return {
-        "a": jnp.asarray(0.25, jnp.float32),
-        "b": jnp.array([1.0, -2.0, 0.5], jnp.float32),
-        "c": {"d": jnp.arange(8, dtype=jnp.float32).reshape(2, 4) / 4.0 - 1.0},
-    }
-
-
-def _tree_like(z, fn):
-    return jax.tree.map(lambda x: fn(x).astype(x.dtype), z)
 
 
 def _unit_draws(rng_key, z):
@@ -85,9 +73,9 @@ def test_recipe_with_unit_diffusion_is_vanilla_sgld():
     """recipe_step(eps = sigma^2/2, D = 1, Q = 0) == langevin_step(sigma, vanilla),
     same key, on a multi-leaf pytree with mixed dtypes; jitted and vmapped over the
     step size (a traced call argument). The doctest runs it eagerly."""
-    z = _tree_z()
+    z = tree_z()
     z["e"] = jnp.array([0.5, -0.5], jnp.float16)
-    z_grad = _tree_like(z, lambda x: 3.0 * x - 0.2)
+    z_grad = tree_like(z, lambda x: 3.0 * x - 0.2)
     key = random.key(4)
     sigmas = jnp.array([0.1, 0.7, 1.5], jnp.float32)
     z_grid, info, z_sgld = jax.vmap(_recipe_and_sgld, (None, None, None, 0))(
@@ -376,7 +364,7 @@ def test_sgrld_is_recipe_with_diagonal_diffusion(reflect):
         "phi": jnp.array([0.02, 1.0, 3.0], jnp.float32),
         "w": jnp.array([[0.5, -1.0], [2.0, 0.0]], jnp.float32),
     }
-    z_grad = _tree_like(z, lambda x: 1.0 - 0.5 * x)
+    z_grad = tree_like(z, lambda x: 1.0 - 0.5 * x)
     key, eps = random.key(12), 0.05
     z_new, z_ref, info = _sgrld_and_recipe(key, z, z_grad, eps, reflect=reflect)
     if reflect:
