@@ -653,3 +653,30 @@ def test_corrected_without_noise_sd_raises():
     ):
         with pytest.raises(ValueError, match="noise_sd"):
             call()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_position_families_are_the_rules_draw_for_draw(variant):
+    """The family form (``position_init`` / ``barker_update`` /
+    ``langevin_update``), which the kernels run, moves exactly as
+    ``barker_step`` / ``langevin_step`` with the same key, and reports the
+    fraction of flagged coordinates."""
+    from numpyro_sgbd.updates import barker_update, langevin_update, position_init
+
+    z = tree_z()
+    grad = tree_like(z, lambda x: 3.0 * jnp.cos(4.0 * x))
+    noise = tree_like(z, lambda x: 1.0 + 4.0 * jnp.abs(x))  # some flagged, not all
+    key = random.key(7)
+    pairs = ((barker_step, barker_update), (langevin_step, langevin_update))
+    for rule, family in pairs:
+        new, flags = rule(key, z, grad, 0.5, variant=variant, noise_sd=noise)
+        state, info = family(
+            key, position_init(z), grad, 0.5, variant=variant, noise_sd=noise
+        )
+        for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(state.z)):
+            np.testing.assert_array_equal(a, b)
+        leaves = jax.tree.leaves(flags)
+        expected = sum(float(np.sum(x)) for x in leaves) / sum(x.size for x in leaves)
+        assert float(info.noise_exceeded) == pytest.approx(expected)
+        if variant == "corrected":
+            assert 0 < expected < 1

@@ -9,10 +9,21 @@ from numpyro_sgbd.updates.barker import (
 from numpyro_sgbd.updates.langevin import langevin_step
 from numpyro_sgbd.updates.nogin import (
     COVARIANCES,
+    NOGINInfo,
+    NOGINUpdateState,
     nogin_damp,
     nogin_drift,
+    nogin_init,
     nogin_kick,
     nogin_lambda,
+    nogin_step,
+)
+from numpyro_sgbd.updates.position import (
+    PositionInfo,
+    PositionState,
+    barker_update,
+    langevin_update,
+    position_init,
 )
 from numpyro_sgbd.updates.recipe import check_recipe, recipe_moments, recipe_step
 from numpyro_sgbd.updates.sghmc import SGHMCState, sghmc_init, sghmc_step
@@ -23,17 +34,26 @@ __all__ = [
     "BARKER_TOLERANCE",
     "COVARIANCES",
     "VARIANTS",
+    "NOGINInfo",
+    "NOGINUpdateState",
+    "PositionInfo",
+    "PositionState",
     "SGHMCState",
     "SGNHTState",
     "barker_step",
+    "barker_update",
     "check_recipe",
     "expanded_mean_metric",
     "flip_probability",
     "langevin_step",
+    "langevin_update",
     "nogin_damp",
     "nogin_drift",
+    "nogin_init",
     "nogin_kick",
     "nogin_lambda",
+    "nogin_step",
+    "position_init",
     "recipe_moments",
     "recipe_step",
     "sghmc_init",

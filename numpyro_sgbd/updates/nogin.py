@@ -5,15 +5,21 @@ vector ``theta`` of length d (a kernel ravels its pytree first). The mass matrix
 diagonal, given by its diagonal ``mass`` (shape ``(d,)`` or a scalar).
 """
 
+from typing import Any, NamedTuple
+
 from jax import random
 import jax.numpy as jnp
 
 __all__ = [
     "COVARIANCES",
+    "NOGINInfo",
+    "NOGINUpdateState",
     "nogin_damp",
     "nogin_drift",
+    "nogin_init",
     "nogin_kick",
     "nogin_lambda",
+    "nogin_step",
 ]
 
 COVARIANCES = ("lowrank", "diag", "full")
@@ -213,3 +219,99 @@ def nogin_kick(
         inverse_temperature=inverse_temperature,
     )
     return p + half, noise_damping
+
+
+class NOGINUpdateState(NamedTuple):
+    """State of :func:`nogin_step`: **z**, the position, and **p**, the momentum
+    (flat vectors of length d)."""
+
+    z: Any
+    p: Any
+
+
+class NOGINInfo(NamedTuple):
+    """Statistics of one :func:`nogin_step`.
+
+    - **estimate** - what ``estimate_fn`` returned at the drifted position (its
+      potential estimate and noise are the step's statistics).
+    - **noise_damping** - as :func:`nogin_damp` returns it.
+    """
+
+    estimate: Any
+    noise_damping: Any
+
+
+def nogin_init(z, rng_key=None, *, mass=1.0, inverse_temperature=1.0):
+    r"""The :class:`NOGINUpdateState` at the flat position ``z``, with the momentum
+    drawn from its stationary law :math:`N(0, M/\beta)` (zero without a key).
+
+    >>> import jax.numpy as jnp
+    >>> nogin_init(jnp.zeros(3)).p.shape
+    (3,)
+    """
+    if rng_key is None:
+        return NOGINUpdateState(z, jnp.zeros_like(z))
+    sd = jnp.sqrt(jnp.asarray(mass, z.dtype) / inverse_temperature)
+    return NOGINUpdateState(z, sd * random.normal(rng_key, jnp.shape(z), z.dtype))
+
+
+def nogin_step(
+    rng_key,
+    state,
+    estimate_fn,
+    step_size,
+    *,
+    friction,
+    covariance,
+    mass=1.0,
+    inverse_temperature=1.0,
+):
+    r"""One NOGIN step A-B-O-B-A (Matthews & Weare, Algorithm 2): half a drift,
+    the noisy force and its covariance at the drifted position, the B-O-B kick of
+    :func:`nogin_kick`, and the second half drift.
+
+    The force is evaluated inside the step, at the half-step position, so the step
+    takes the gradient estimator as a function rather than a gradient.
+
+    :param rng_key: random key of the kick.
+    :param NOGINUpdateState state: position and momentum (flat, length d).
+    :param estimate_fn: ``estimate_fn(z) -> estimate`` with fields ``z_grad`` (the
+        potential's noisy gradient, flat) and ``noise_cov`` (:math:`\Sigma` in the
+        form ``covariance`` names, or ``None`` for exact gradients).
+    :param float step_size: h.
+    :param float friction: :math:`\gamma`.
+    :param str covariance: ``"lowrank"``, ``"diag"`` or ``"full"``.
+    :param mass: diagonal of M, scalar or shape ``(d,)``.
+    :param float inverse_temperature: :math:`\beta`.
+    :return: ``(NOGINUpdateState, NOGINInfo)``.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from collections import namedtuple
+    >>> Est = namedtuple("Est", ["z_grad", "noise_cov"])
+    >>> exact = lambda z: Est(z, None)  # a standard normal, exact gradients
+    >>> state = nogin_init(jnp.zeros(2), jax.random.key(0))
+    >>> state, info = nogin_step(
+    ...     jax.random.key(1), state, exact, 0.5, friction=1.0, covariance="diag"
+    ... )
+    >>> float(info.noise_damping)
+    0.0
+    """
+    z = nogin_drift(state.z, state.p, step_size, mass)
+    estimate = estimate_fn(z)
+    noise = estimate.noise_cov
+    if noise is None:  # exact gradients: Sigma = 0
+        noise, covariance = jnp.zeros_like(z), "diag"
+    p, damping = nogin_kick(
+        rng_key,
+        state.p,
+        estimate.z_grad,
+        noise,
+        step_size,
+        friction,
+        covariance=covariance,
+        mass=mass,
+        inverse_temperature=inverse_temperature,
+    )
+    return NOGINUpdateState(nogin_drift(z, p, step_size, mass), p), NOGINInfo(
+        estimate, damping
+    )
