@@ -7,10 +7,19 @@ from numpyro_sgbd.criticism import from_numpyro, full_data_log_likelihood
 from numpyro_sgbd.diagnostics import ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
 from numpyro_sgbd.handlers import full_batch
-from numpyro_sgbd.kernels import NOGIN, SGBD, SGLD, Centre, NOGINState, SGState
+from numpyro_sgbd.kernel import Centre, SGState
 from numpyro_sgbd.modes import PosteriorMode, posterior_mode
 from numpyro_sgbd.reference import full_batch_scores, reference_posterior
-from numpyro_sgbd.samplers import SGHMC, SGNHT, SGRLD, Recipe
+from numpyro_sgbd.samplers import (
+    NOGIN,
+    SGBD,
+    SGHMC,
+    SGLD,
+    SGNHT,
+    SGRLD,
+    NOGINState,
+    Recipe,
+)
 
 __version__ = "0.1.0"
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from numpyro_sgbd import _arviz
 from numpyro_sgbd.diagnostics import ksd, unconstrained_draws_and_scores
-from numpyro_sgbd.kernels import wall_time
+from numpyro_sgbd.kernel import wall_time
 from numpyro_sgbd.reference import full_batch
 
 __all__ = ["Comparison", "compare", "plot_marginals"]

@@ -7,6 +7,7 @@ exist: a NumPyro model whose data sit in a subsample plate
 user-supplied stochastic gradient (:class:`CustomEstimator`).
 """
 
+from collections import namedtuple
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -24,8 +25,10 @@ from numpyro.infer.util import _unconstrain_reparam, log_density
 from numpyro_sgbd.handlers import fix_plates
 
 __all__ = [
+    "Centre",
     "ControlVariateEstimator",
     "CustomEstimator",
+    "Estimator",
     "GradientEstimate",
     "MinibatchEstimator",
     "PotentialEstimator",
@@ -161,7 +164,53 @@ def _flat_size(tree):
     return sum(int(jnp.size(x)) for x in jax.tree.leaves(tree))
 
 
-class PotentialEstimator:
+Centre = namedtuple("Centre", ["z", "potential", "grad", "z_sum"])
+Centre.__doc__ = """
+The control variates' centre as the kernels keep it in their state when they
+re-centre during warmup (``recentre_every``).
+
+ - **z** - the centre :math:`\\hat z`, unconstrained, like the state's ``z``.
+ - **potential** - the full-data potential :math:`U(\\hat z)`.
+ - **grad** - the full-data gradient :math:`\\nabla U(\\hat z)`.
+ - **z_sum** - the sum of the positions since the last re-centring; the next
+   centre is their mean.
+"""
+
+
+class Estimator:
+    """The protocol the kernels call: ``estimate`` at a position, around the
+    chain's :class:`Centre` where the estimator keeps one in the state
+    (control variates with ``recentre_every``; ``None`` for every other
+    estimator), ``initial_centre`` and ``recentre``."""
+
+    #: Every how many warmup steps the centre moves (``None``: it never does).
+    recentre_every = None
+
+    def initial_centre(self, z, model_args=(), model_kwargs=None):
+        """The chain's :class:`Centre` at ``z``, or ``None`` (no centre in the
+        state)."""
+        return None
+
+    def estimate(self, rng_key, z, model_args=(), model_kwargs=None, centre=None):
+        """The :class:`GradientEstimate` at ``z`` (around ``centre`` if given)."""
+        return self(rng_key, z, model_args, model_kwargs)
+
+    def recentre(
+        self,
+        centre,
+        z,
+        i,
+        num_warmup,
+        model_args=(),
+        model_kwargs=None,
+        *,
+        batched=False,
+    ):
+        """The chain's centre after its draw ``z`` at iteration ``i``."""
+        return centre
+
+
+class PotentialEstimator(Estimator):
     """Exact gradients of a potential function: full-batch unadjusted dynamics.
 
     :param potential_fn: ``potential_fn(z) -> U(z)``, the negative log density.
@@ -176,7 +225,7 @@ class PotentialEstimator:
         return GradientEstimate(grad, noise, value)
 
 
-class CustomEstimator:
+class CustomEstimator(Estimator):
     """A user-supplied stochastic gradient ``gradient_fn(rng_key, z)``.
 
     ``gradient_fn`` returns a :class:`GradientEstimate` (``z_grad`` the noisy gradient
@@ -257,7 +306,7 @@ def as_jax_arrays(tree):
     )
 
 
-class MinibatchEstimator:
+class MinibatchEstimator(Estimator):
     """Minibatch gradient of a NumPyro model whose data sit in subsample plates.
 
     Each call draws its own indices for every subsample plate (O(n), see
@@ -550,9 +599,15 @@ class ControlVariateEstimator(MinibatchEstimator):
 
     :param model, plates, noise, replace, covariance, per_datum, pullback: as
         :class:`MinibatchEstimator` (exactly one subsample plate).
-    :param centre: :math:`\hat z`, unconstrained values by site.
+    :param centre: :math:`\hat z`, unconstrained values by site (``None`` with
+        ``recentre_every``: each chain starts at its initial position).
     :param centre_potential: :math:`U(\hat z)`, the full-data potential.
     :param centre_grad: :math:`\nabla U(\hat z)`, like ``centre``.
+    :param int recentre_every: ``None`` (the centre stays), or move each chain's
+        centre to the mean of its last ``recentre_every`` warmup draws (the
+        chain's :class:`Centre` then lives in its state; see :meth:`recentre`).
+    :param int chunk_size: rows per chunk of the full-data gradient at a new
+        centre.
     """
 
     def __init__(
@@ -568,6 +623,8 @@ class ControlVariateEstimator(MinibatchEstimator):
         covariance=None,
         per_datum="vmap",
         pullback=None,
+        recentre_every=None,
+        chunk_size=4096,
     ):
         if len(plates) != 1:
             raise ValueError(
@@ -586,6 +643,8 @@ class ControlVariateEstimator(MinibatchEstimator):
         self.centre = centre
         self.centre_potential = centre_potential
         self.centre_grad = centre_grad
+        self.recentre_every = recentre_every
+        self.chunk_size = chunk_size
 
     def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
         centre = (self.centre, self.centre_potential, self.centre_grad)
@@ -608,6 +667,77 @@ class ControlVariateEstimator(MinibatchEstimator):
         if per_datum is not None:
             per_datum = jax.tree.map(jnp.subtract, per_datum, per_datum_c)
         return self._estimate(value, grad, per_datum)
+
+    def estimate(self, rng_key, z, model_args=(), model_kwargs=None, centre=None):
+        if centre is None:
+            return self(rng_key, z, model_args, model_kwargs)
+        return self.around(
+            rng_key,
+            z,
+            (centre.z, centre.potential, centre.grad),
+            model_args,
+            model_kwargs,
+        )
+
+    def initial_centre(self, z, model_args=(), model_kwargs=None):
+        """With ``recentre_every``: the chain's :class:`Centre`, at the given or
+        searched centre, else at the chain's initial position ``z`` (its full-data
+        potential and gradient computed in chunks). ``None`` otherwise."""
+        if self.recentre_every is None:
+            return None
+        if self.centre is None:
+            centre = z
+            potential, grad = self.full_data(
+                z, model_args, model_kwargs, chunk_size=self.chunk_size
+            )
+        else:
+            centre = self.centre
+            potential, grad = self.centre_potential, self.centre_grad
+        potential = jnp.asarray(potential, jnp.result_type(float))
+        return Centre(centre, potential, grad, jax.tree.map(jnp.zeros_like, z))
+
+    def recentre(
+        self,
+        centre,
+        z,
+        i,
+        num_warmup,
+        model_args=(),
+        model_kwargs=None,
+        *,
+        batched=False,
+    ):
+        """Add the draw ``z`` to the window's sum; every ``recentre_every`` warmup
+        iterations move the centre to the window's mean, with the full-data
+        potential and gradient there (in chunks). A non-finite result keeps the old
+        centre. ``batched``: ``centre`` and ``z`` carry a leading axis of
+        vectorized chains, which share ``i``, so the O(N) branch runs only when
+        due."""
+        every = self.recentre_every
+        if every is None:
+            return centre
+        z_sum = jax.tree.map(jnp.add, centre.z_sum, z)
+        i = jnp.ravel(i)[0]
+        due = (i % every == 0) & (i <= num_warmup)
+
+        def move(centre, z_sum):
+            z = jax.tree.map(lambda x: x / every, z_sum)
+            potential, grad = self.full_data(
+                z, model_args, model_kwargs, chunk_size=self.chunk_size
+            )
+            zeros = jax.tree.map(jnp.zeros_like, z_sum)
+            new = Centre(z, potential.astype(centre.potential.dtype), grad, zeros)
+            ok = _finite_tree(new)
+            old = centre._replace(z_sum=zeros)
+            return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+        return jax.lax.cond(
+            due,
+            jax.vmap(move) if batched else move,
+            lambda centre, z_sum: centre._replace(z_sum=z_sum),
+            centre,
+            z_sum,
+        )
 
 
 def unconstrained_centre(centre, trace, shapes):

@@ -1,7 +1,13 @@
-"""The MCMC kernels users construct: SGBD and SGLD on one NumPyro adapter."""
+"""The NumPyro adapter of the samplers: model tracing, argument checks, the
+gradient estimator, warmup adaptation, host warnings and the one non-finite guard.
+
+:class:`_SGKernel` is the :class:`~numpyro.infer.mcmc.MCMCKernel` side (``init``,
+``sample``, ``postprocess_fn``, diagnostics, pickling); :class:`_FamilyKernel` runs
+any pure update family of :mod:`numpyro_sgbd.updates` on it with no branch on the
+sampler. The samplers themselves are in :mod:`numpyro_sgbd.samplers`.
+"""
 
 from collections import namedtuple
-from functools import partial
 import logging
 import time
 import warnings
@@ -30,6 +36,7 @@ from numpyro.util import identity, is_prng_key, not_jax_tracer
 from numpyro_sgbd import preconditioning
 from numpyro_sgbd.diagnostics import drift
 from numpyro_sgbd.estimators import (
+    Centre,
     ControlVariateEstimator,
     CustomEstimator,
     MinibatchEstimator,
@@ -45,40 +52,43 @@ from numpyro_sgbd.modes import (
     hessian,
     search_centre,
 )
-from numpyro_sgbd.updates import (
-    BARKER_TOLERANCE,
-    COVARIANCES,
-    VARIANTS,
-    barker_step,
-    langevin_step,
-    nogin_damp,
-    nogin_drift,
-    nogin_kick,
-)
-from numpyro_sgbd.updates.barker import INCREMENTS
 
-__all__ = ["Centre", "NOGIN", "NOGINState", "SGBD", "SGLD", "SGState"]
+__all__ = ["Centre", "SGState", "family_state", "wall_time"]
 
 logger = logging.getLogger("numpyro_sgbd")
 
-SGState = namedtuple(
-    "SGState",
-    [
-        "i",
-        "z",
-        "z_grad",
-        "potential_energy_estimate",
-        "noise_sd",
-        "mean_noise_sd",
-        "tolerance_exceeded",
-        "num_nonfinite",
-        "centre",
-        "rng_key",
-        "step_size",
-        "scale",
-    ],
-    defaults=(None, None),
+#: The fields every kernel's state on :class:`_FamilyKernel` has, in order; a
+#: sampler's own statistics (``kinetic_energy``, ``thermostat``, ...) go between
+#: ``tolerance_exceeded`` and ``num_nonfinite`` (see :func:`family_state`).
+_FAMILY_HEAD = (
+    "i",
+    "z",
+    "z_grad",
+    "potential_energy_estimate",
+    "noise_sd",
+    "mean_noise_sd",
+    "tolerance_exceeded",
 )
+_FAMILY_TAIL = ("num_nonfinite", "centre", "rng_key", "step_size", "scale", "aux")
+
+
+def family_state(name, statistics=(), *, module=None):
+    """The state type of a kernel on :class:`_FamilyKernel`: :class:`SGState`'s
+    fields, the sampler's own per-draw ``statistics`` (scalars, collected by
+    default) before ``num_nonfinite``, and last ``aux``, the update family's own
+    state (e.g. position and momentum) over the flat position in u with a
+    preconditioner, over z's pytree without. Assign it to a module-level name
+    equal to ``name`` in ``module`` (the caller's ``__name__``) so that it
+    pickles."""
+    return namedtuple(
+        name,
+        _FAMILY_HEAD + tuple(statistics) + _FAMILY_TAIL,
+        defaults=(None, None, None),
+        module=module,
+    )
+
+
+SGState = family_state("SGState", module=__name__)
 SGState.__doc__ = """
 State of the stochastic-gradient kernels; every field but ``z``, ``noise_sd`` and
 ``rng_key`` is a scalar that ``MCMC.run(..., extra_fields=(...))`` can collect. The
@@ -115,22 +125,13 @@ four sampler statistics ``potential_energy_estimate``, ``mean_noise_sd``,
    (:class:`~numpyro_sgbd.preconditioning.ScaleAdaptation`; its ``scale`` is s,
    fixed from 60 % of warmup): the rule then runs in v = u / s, so each
    coordinate of u moves by ``step_size * s``. ``None`` otherwise.
+ - **aux** - the update family's own state
+   (:class:`~numpyro_sgbd.updates.position.PositionState` for SGBD and SGLD: the
+   position, flat in u with a preconditioner).
 
 With a preconditioner (``z = z_hat + L u``, see :mod:`numpyro_sgbd.preconditioning`)
 ``z`` stays in the model's unconstrained space while ``z_grad`` and ``noise_sd`` are
 flat arrays in u.
-"""
-
-Centre = namedtuple("Centre", ["z", "potential", "grad", "z_sum"])
-Centre.__doc__ = """
-The control variates' centre as the kernels keep it in their state when they
-re-centre during warmup (``recentre_every``).
-
- - **z** - the centre :math:`\\hat z`, unconstrained, like the state's ``z``.
- - **potential** - the full-data potential :math:`U(\\hat z)`.
- - **grad** - the full-data gradient :math:`\\nabla U(\\hat z)`.
- - **z_sum** - the sum of the positions since the last re-centring; the next
-   centre is their mean.
 """
 
 
@@ -858,6 +859,8 @@ class _SGKernel(MCMCKernel):
             covariance=plain.covariance,
             replace=self._replace,
             pullback=plain.pullback,
+            recentre_every=self._recentre_every,
+            chunk_size=self._chunk_size,
         )
 
     def _fixed_centre(self, plain, trace, shapes, model_args, model_kwargs):
@@ -910,63 +913,13 @@ class _SGKernel(MCMCKernel):
 
     # ------------------------------------------------------------- re-centring
     def _initial_centre(self, z, model_args, model_kwargs):
-        """The state's :class:`Centre` at the start: ``None`` unless re-centring;
-        the given or searched centre, else the chain's initial position."""
-        if self._recentre_every is None:
-            return None
-        estimator = self._estimator
-        if estimator.centre is None:
-            centre = z
-            potential, grad = estimator.full_data(
-                z, model_args, model_kwargs, chunk_size=self._chunk_size
-            )
-        else:
-            centre = estimator.centre
-            potential, grad = estimator.centre_potential, estimator.centre_grad
-        potential = jnp.asarray(potential, jnp.result_type(float))
-        return Centre(centre, potential, grad, jax.tree.map(jnp.zeros_like, z))
+        """The state's :class:`Centre` at the start (``None`` unless the estimator
+        re-centres: :meth:`ControlVariateEstimator.initial_centre`)."""
+        return self._estimator.initial_centre(z, model_args, model_kwargs)
 
     def _estimate(self, rng_key, z, model_args, model_kwargs, centre):
         """The gradient estimate at ``z``, around the state's centre if it has one."""
-        if centre is None:
-            return self._estimator(rng_key, z, model_args, model_kwargs)
-        return self._estimator.around(
-            rng_key,
-            z,
-            (centre.z, centre.potential, centre.grad),
-            model_args,
-            model_kwargs,
-        )
-
-    def _recentre(self, state, model_args, model_kwargs):
-        """Add ``state.z`` to the window's sum; every ``recentre_every`` warmup
-        steps move the centre to the window's mean, with the full-data potential
-        and gradient there (in chunks). A non-finite result keeps the old centre.
-        Vectorized chains share ``i``, so the O(N) branch runs only when due."""
-        every = self._recentre_every
-        z_sum = jax.tree.map(jnp.add, state.centre.z_sum, state.z)
-        i = jnp.ravel(state.i)[0]
-        due = (i % every == 0) & (i <= self._num_warmup)
-
-        def move(centre, z_sum):
-            z = jax.tree.map(lambda x: x / every, z_sum)
-            potential, grad = self._estimator.full_data(
-                z, model_args, model_kwargs, chunk_size=self._chunk_size
-            )
-            zeros = jax.tree.map(jnp.zeros_like, z_sum)
-            new = Centre(z, potential.astype(centre.potential.dtype), grad, zeros)
-            ok = _finite(new)
-            old = centre._replace(z_sum=zeros)
-            return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-
-        centre = jax.lax.cond(
-            due,
-            jax.vmap(move) if self._batched else move,
-            lambda centre, z_sum: centre._replace(z_sum=z_sum),
-            state.centre,
-            z_sum,
-        )
-        return state._replace(centre=centre)
+        return self._estimator.estimate(rng_key, z, model_args, model_kwargs, centre)
 
     def _initial_params(self, rng_key, init_params, model_args, model_kwargs):
         if isinstance(init_params, ParamInfo):  # as NumPyro's HMC accepts
@@ -1149,7 +1102,17 @@ class _SGKernel(MCMCKernel):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         new_state = self._sample_impl(state, model_args, model_kwargs)
         if self._recentre_every is not None:
-            new_state = self._recentre(new_state, model_args, model_kwargs)
+            new_state = new_state._replace(
+                centre=self._estimator.recentre(
+                    new_state.centre,
+                    new_state.z,
+                    new_state.i,
+                    self._num_warmup,
+                    model_args,
+                    model_kwargs,
+                    batched=self._batched,
+                )
+            )
         # Once per run: when the first chain stops (vectorized chains share a call).
         first_stop = jnp.any(new_state.num_nonfinite > 0) & jnp.all(
             state.num_nonfinite == 0
@@ -1300,9 +1263,40 @@ class _SGKernel(MCMCKernel):
         return state
 
 
-class _FirstOrderKernel(_SGKernel):
-    """SGBD and SGLD: a position-only state, a gradient estimate carried from one
-    step to the next, and an optional moving average of the noise sd."""
+class _FamilyKernel(_SGKernel):
+    """The one NumPyro adapter for samplers given as a pure update family
+    (:mod:`numpyro_sgbd.updates`). A sampler's class sets
+
+    - ``_family_init(x, rng_key, **init_kwargs) -> aux``, the family's state at
+      position ``x``, which it keeps in its field ``z``;
+    - ``_family_step(rng_key, aux, z_grad, step_size, *, variant, noise_sd,
+      **step_kwargs) -> (aux, info)``, one move given the gradient estimate at
+      ``aux.z``; ``info`` has ``noise_exceeded`` (the fraction of coordinates
+      outside the corrected variant's tolerance) and the sampler's statistics;
+    - ``_state_type`` (from :func:`family_state`), ``_VARIANTS``, the step target
+      and noise bound (``_STEP_TARGET``, ``_noise_step_bound``), and in its
+      constructor ``_hyperparameters``, the call arguments of the pure step,
+      validated against z in ``_prepare``.
+
+    The position x is z's pytree without a preconditioner and the flat u with
+    one, where z_grad and noise_sd come in the same form. With re-estimated
+    scales s (``adapt_mass_matrix``) the step is ``step_size * s`` per
+    coordinate of u, the rule in v = u / s for the coordinate-wise rules.
+    Nothing here branches on the sampler."""
+
+    _state_type = None
+    _family_init = None
+    _family_step = None
+    #: The family's variants.
+    _VARIANTS = ("vanilla", "corrected")
+    #: The hyperparameter D whose injected variance ``eps (2 D - eps tau^2)`` the
+    #: corrected variant keeps positive, by name (e.g. ``"friction"``).
+    _NOISE_DIFFUSION = None
+    #: Which hyperparameters the family's ``init`` takes (all go to ``step``).
+    _INIT_ARGS = ()
+    #: ``adapt_mass_matrix`` is off by default and s at most 1 (see
+    #: :attr:`_SGKernel._SCALE_MAX`); SGBD lifts both.
+    _SCALE_MAX = 1.0
 
     def __init__(
         self,
@@ -1314,11 +1308,12 @@ class _FirstOrderKernel(_SGKernel):
         variant=None,
         beta=0.1,
         init_noise_sd=None,
+        adapt_mass_matrix=None,
         **kwargs,
     ):
-        if variant is not None and variant not in VARIANTS:
+        if variant is not None and variant not in self._VARIANTS:
             raise ValueError(
-                f"variant must be one of {VARIANTS} or None, got {variant!r}."
+                f"variant must be one of {self._VARIANTS} or None, got {variant!r}."
             )
         self._variant_arg = variant
         if variant is None:  # step_size=None checks the noise: corrected
@@ -1337,22 +1332,22 @@ class _FirstOrderKernel(_SGKernel):
                     f"dict of sites), got {init_noise_sd!r}."
                 )
         super().__init__(
-            model, potential_fn, gradient_fn, step_size=step_size, **kwargs
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            adapt_mass_matrix=adapt_mass_matrix,
+            **kwargs,
         )
         self._variant = variant
         self._beta = float(beta)
         self._init_noise_sd = init_noise_sd
-
-    @property
-    def default_fields(self):
-        """``z`` and the four per-draw sampler statistics (see :class:`SGState`)."""
-        return (
-            "z",
-            "potential_energy_estimate",
-            "mean_noise_sd",
-            "tolerance_exceeded",
-            "num_nonfinite",
-        )
+        #: The sampler's hyperparameters as given, by name (set by its constructor;
+        #: numbers or dicts of sites are validated against z in ``_prepare``;
+        #: strings and functions pass as they are).
+        self._hyperparameters = {}
+        self._init_kwargs = {}
+        self._step_kwargs = {}
 
     @property
     def variant(self):
@@ -1360,6 +1355,23 @@ class _FirstOrderKernel(_SGKernel):
         ``step_size=None`` (``"vanilla"`` for a model with several subsample plates,
         whose noise cannot be estimated) and ``"vanilla"`` otherwise."""
         return self._variant
+
+    @property
+    def _statistics(self):
+        return self._state_type._fields[len(_FAMILY_HEAD) : -len(_FAMILY_TAIL)]
+
+    @property
+    def default_fields(self):
+        """``z``, the per-draw sampler statistics of :class:`SGState` and the
+        sampler's own (see its state type)."""
+        return (
+            "z",
+            "potential_energy_estimate",
+            "mean_noise_sd",
+            "tolerance_exceeded",
+            *self._statistics,
+            "num_nonfinite",
+        )
 
     def _default_options(self, plates):
         super()._default_options(plates)
@@ -1399,19 +1411,54 @@ class _FirstOrderKernel(_SGKernel):
                 "must return GradientEstimate(z_grad, noise_sd=...)."
             )
 
-    def _diagnostic_parts(self, state):
-        if state.noise_sd is None:
-            return []
-        return [
-            f"tau_hat {float(state.mean_noise_sd):.3g}, "
-            f"over tolerance {100 * float(state.tolerance_exceeded):.0f}%"
-        ]
+    def _prepare(self, shapes, one_z):
+        super()._prepare(shapes, one_z)
+        resolved = {}
+        for name, value in self._hyperparameters.items():
+            if value is None or callable(value) or isinstance(value, str):
+                resolved[name] = value
+            elif self.preconditioner is not None and isinstance(value, dict):
+                raise ValueError(
+                    f"with a preconditioner {name} is in the whitened coordinates "
+                    "u, which have no sites: give a positive scalar."
+                )
+            elif self.preconditioner is not None:
+                resolved[name] = jnp.asarray(value, jnp.result_type(float))
+            else:
+                resolved[name] = _per_site(value, shapes, name)
+        self._step_kwargs = resolved
+        self._init_kwargs = {k: resolved[k] for k in self._INIT_ARGS}
 
-    #: With ``step_size=None`` and a noise estimate, the step is kept below
-    #: ``_NOISE_CAP / max_j tau_j`` (subclasses set it from their tolerance).
-    _NOISE_CAP = 1.0
+    def _to_x(self, z):
+        if self.preconditioner is None:
+            return z
+        return self.preconditioner.to_u(ravel_pytree(z)[0])
+
+    def _to_z(self, x, like):
+        if self.preconditioner is None:
+            return x
+        return ravel_pytree(like)[1](self.preconditioner.to_z(x))
+
+    def _noise_step_bound(self, largest):
+        """The largest step the corrected variant allows at the largest noise sd
+        ``largest``: its injected variance ``eps (2 D - eps tau^2)`` keeps a fifth
+        of its margin (recipe paper, eq. 9: ``2 D >= eps B``); no bound without a
+        named diffusion. The first-order samplers bound ``tau * step`` instead."""
+        if self._NOISE_DIFFUSION is None:
+            return jnp.inf
+        diffusion = jnp.min(
+            jnp.stack(
+                [
+                    jnp.min(x)
+                    for x in jax.tree.leaves(self._step_kwargs[self._NOISE_DIFFUSION])
+                ]
+            )
+        )
+        return 1.6 * diffusion / largest**2
 
     def _step_allowed(self, state):
+        """The target, lowered to the noise bound at the largest noise sd (in
+        v = u / s with re-estimated scales)."""
         target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
         if state.noise_sd is None:
             return target
@@ -1419,7 +1466,7 @@ class _FirstOrderKernel(_SGKernel):
         if state.scale is not None:  # the noise sd in v = u / s
             noise_sd = noise_sd * state.scale.scale
         largest = jnp.max(jnp.stack([jnp.max(x) for x in jax.tree.leaves(noise_sd)]))
-        return jnp.minimum(target, self._NOISE_CAP / largest)
+        return jnp.minimum(target, self._noise_step_bound(largest)).astype(target.dtype)
 
     def _noise_tree(self, z, estimate_noise):
         if estimate_noise is None:
@@ -1451,540 +1498,6 @@ class _FirstOrderKernel(_SGKernel):
         centre = self._initial_centre(z, model_args, model_kwargs)
         est = self._estimate(key_est, z, model_args, model_kwargs, centre)
         noise_sd = self._noise_tree(z, est.noise_sd)
-        state = SGState(
-            i=jnp.array(0),
-            z=z,
-            z_grad=est.z_grad,
-            potential_energy_estimate=jnp.asarray(
-                est.potential_energy, jnp.result_type(float)
-            ),
-            noise_sd=noise_sd,
-            mean_noise_sd=jnp.array(jnp.nan)
-            if noise_sd is None
-            else _tree_mean(noise_sd),
-            tolerance_exceeded=jnp.array(jnp.nan),
-            num_nonfinite=jnp.array(0),
-            centre=centre,
-            rng_key=rng_key,
-            scale=self._initial_scale(ravel_pytree(z)[0]),
-        )
-        if self._step_size_arg is None:
-            state = state._replace(step_size=self._step_allowed(state))
-        return state
-
-    def _move(self, rng_key, state):
-        """The update rule's move from ``state``: ``(z, exceeded)``. With a
-        preconditioner the rule runs in u (its increment from u = 0, the rules
-        being translation-equivariant) and z moves by ``L du``."""
-        step = self._step(state)
-        if self.preconditioner is None:
-            return self._update(rng_key, state.z, state.z_grad, step, state.noise_sd)
-        if state.scale is not None:
-            # The rule in v = u / s is the rule in u with steps step * s: the
-            # Barker and Langevin moves act coordinate by coordinate, and the
-            # tolerance |w| < 1.702 / tau is the same statement in u and in v.
-            step = step * state.scale.scale
-        flat, unravel = ravel_pytree(state.z)
-        du, exceeded = self._update(
-            rng_key, jnp.zeros_like(state.z_grad), state.z_grad, step, state.noise_sd
-        )
-        return unravel(flat + self.preconditioner.move(du)), exceeded
-
-    def _sample_one(self, state, model_args, model_kwargs):
-        rng_key, key_move, key_est = random.split(state.rng_key, 3)
-        z, exceeded = self._move(key_move, state)
-        est = self._estimate(key_est, z, model_args, model_kwargs, state.centre)
-        if state.noise_sd is None:
-            noise_sd, mean_noise_sd, frac = None, jnp.array(jnp.nan), jnp.array(jnp.nan)
-        else:
-            noise_sd = jax.tree.map(
-                lambda old, new: (1 - self._beta) * old + self._beta * new,
-                state.noise_sd,
-                est.noise_sd,
-            )
-            mean_noise_sd = _tree_mean(noise_sd)
-            frac = _tree_mean(
-                jax.tree.map(lambda e: e.astype(mean_noise_sd.dtype), exceeded)
-            )
-        potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
-        ok = (
-            _finite((z, est.z_grad, noise_sd))
-            & _potential_ok(potential, self._gradient_fn is not None)
-            & (state.num_nonfinite == 0)
-        )
-        moved = SGState(
-            state.i + 1,
-            z,
-            est.z_grad,
-            potential,
-            noise_sd,
-            mean_noise_sd,
-            frac,
-            state.num_nonfinite,
-            state.centre,
-            rng_key,
-            state.step_size,
-            state.scale,
-        )
-        moved = self._adapt_step(self._adapt_scale(moved))
-        return _guard(ok, moved, state, rng_key)
-
-
-class SGBD(_FirstOrderKernel):
-    r"""Stochastic gradient Barker dynamics (Mauri & Zanella, 2024).
-
-    Each coordinate :math:`j` draws an increment :math:`w_j` of scale
-    :math:`\sigma_j` = ``step_size`` and moves to :math:`z_j + w_j` or
-    :math:`z_j - w_j`, choosing :math:`+w_j` with probability
-    :math:`p(w_j, \hat g_j)` where :math:`\hat g = -\nabla\hat U` is the minibatch
-    force:
-
-    .. math::
-
-        p = \mathrm{sigmoid}(w\hat g) \ (\text{vanilla}), \quad
-        \mathrm{sigmoid}(\alpha w\hat g),\ \alpha =
-            \frac{1.702}{\sqrt{1.702^2 - \hat\tau^2 w^2}} \ (\text{corrected}), \quad
-        \mathbf 1(w\hat g > 0) \ (\text{extreme}).
-
-    The corrected variant falls back to the sign rule where
-    :math:`|w| \ge 1.702/\hat\tau`. :math:`\hat\tau_j` is the standard deviation of
-    the noise of :math:`\hat g_j` itself (SGBD paper, Algorithm 3 line 6 writes the
-    per-datum sd; the correction needs :math:`\sqrt{c}` times it), estimated from the
-    minibatch's per-datum gradients and smoothed by the moving average
-    :math:`\hat\tau \leftarrow (1-\beta)\hat\tau + \beta\tau`.
-
-    :param model: a NumPyro model whose data sit in
-        ``numpyro.plate(name, N, subsample_size=n)``. The kernel draws the minibatch
-        indices itself in O(n) and substitutes them into the plate. Latent sites must
-        be continuous and outside the subsample plate. A model with no subsample plate
-        runs full batch (exact gradients), with a warning.
-    :param potential_fn: instead of a model, a potential :math:`U(z)`; the gradients
-        are then exact (unadjusted Barker). Needs ``init_params``.
-    :param gradient_fn: instead of a model, ``gradient_fn(rng_key, z)`` returning a
-        :class:`~numpyro_sgbd.GradientEstimate` (noisy gradient of the potential and,
-        for ``variant="corrected"``, its noise sd). Needs ``init_params``.
-    :param step_size: :math:`\sigma`, a positive scalar, or a dict
-        ``{site: value}`` broadcastable to each site's unconstrained shape for
-        per-coordinate steps (diagonal preconditioning, SGBD paper supplement D.3).
-        Default ``None``: adapted in warmup, in the whitened coordinates u of the
-        full-data Hessian at the mode, and fixed from the end of warmup (target 0.5
-        in u, lowered to keep every move inside the noise tolerance
-        :math:`|w| < 1.702/\hat\tau`, eq. 8; see :ref:`adaptation`). Needs a
-        model.
-    :param str variant: ``"vanilla"`` (Algorithm 2), ``"corrected"`` (Algorithm 3) or
-        ``"extreme"`` (Algorithm 4). Default ``None``: ``"corrected"`` with
-        ``step_size=None`` (``"vanilla"``, with a warning, for a model with several
-        subsample plates), ``"vanilla"`` with a given step size.
-    :param str preconditioner: the change of variables :math:`z = \hat z + Lu`,
-        :math:`LL^\top \approx H^{-1}` at the full-data mode :math:`\hat z`, in
-        which the update rule runs (:mod:`~numpyro_sgbd.preconditioning`):
-        ``"dense"``, ``"lowrank"``, ``"diagonal"``, ``"auto"`` (dense for d <= 100,
-        low-rank above) or ``"none"``. Default ``None``: ``"auto"`` with
-        ``step_size=None``, ``"none"`` with a given step size (which is then a
-        scalar in u). Without ``init_params`` chains start at draws from the
-        Laplace approximation :math:`N(\hat z, LL^\top)`. What was chosen and what
-        it cost: :attr:`adaptation_info`.
-    :param bool adapt_mass_matrix: re-estimate the per-coordinate sds s of u from
-        each chain's warmup draws, in windows as NUTS adapts its diagonal mass
-        matrix (:func:`~numpyro_sgbd.preconditioning.scale_windows`: a buffer of
-        15 % of warmup, three doubling windows ending at 60 %; each estimate shrunk
-        towards the Laplace scale 1), and run the rule in v = u / s. It corrects
-        L where the posterior is far from its Laplace approximation (a scale
-        mixture, heavy tails, a skewed scale parameter), which otherwise mixes
-        slowly along the coordinates L makes too narrow (a spike-and-slab
-        posterior 3.7 times wider than L: bulk ESS 1,800 against 50, the sd within
-        4 %). Default ``None``: on with ``step_size=None`` (from ``num_warmup >=
-        200``), off with a given step size. Needs a preconditioner. Each chain's
-        s: ``last_state.scale.scale``.
-    :param str increment: ``"bimodal"`` (default; :math:`w \sim N(\sigma,
-        (0.1\sigma)^2)`, by symmetry the paper's bimodal law) or ``"gaussian"``
-        (:math:`w \sim N(0, \sigma^2)`).
-    :param float beta: moving-average rate of :math:`\hat\tau` (corrected). Default
-        0.1: it averages about ten minibatches, cutting the sampling error of a
-        single batch's estimate about four-fold, while still following the change
-        of :math:`\tau` along the chain within ten steps.
-    :param init_noise_sd: initial :math:`\hat\tau` (scalar or dict of sites); default:
-        the estimate from the first minibatch.
-    :param replace: draw minibatch indices with replacement (``True``) or without
-        (``False``, as NumPyro's plate: expected cost one sort of n integers per
-        step; the noise variance factor is then :math:`n(1-n/N)` per unit of
-        per-term variance instead of :math:`n`). Default ``None``: with replacement
-        when :math:`n \le N/100`, where the two differ by at most 1 % in noise
-        variance and the sort would cost more than a small model's minibatch
-        gradient; without replacement otherwise
-        (:func:`~numpyro_sgbd.estimators.resolve_replace`).
-    :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
-    :param int log_likelihood_size: how many data points the ``model`` property (and so
-        ArviZ's ``log_likelihood`` and ``observed_data`` groups) evaluates; default the
-        subsample size.
-    :param str gradient: ``"minibatch"``, or ``"control_variates"``: the
-        minibatch gradient around a centre :math:`\hat z`,
-        :math:`\nabla U(\hat z) + \nabla\hat U_S(z) - \nabla\hat U_S(\hat z)`
-        (:class:`~numpyro_sgbd.estimators.ControlVariateEstimator`), unbiased, with a
-        noise that vanishes as the chain nears :math:`\hat z`; the noise statistics
-        of the corrected variants then come from the per-datum differences, so
-        corrected SGBD stays within its tolerance on large N. A step costs about two
-        minibatch gradients; the full-data potential and gradient at the centre are
-        computed once, in chunks. Needs a model with one subsample plate.
-        Default ``None``: ``"control_variates"`` (centred at the mode the
-        adaptation finds) with ``step_size=None`` and one subsample plate,
-        ``"minibatch"`` otherwise.
-    :param dict centre: the control variates' centre, constrained values by site
-        (as ``mcmc.get_samples()`` or :func:`~numpyro_sgbd.posterior_mode` give).
-        Default: the full-data mode, found as :func:`~numpyro_sgbd.posterior_mode`
-        finds it (Newton-CG on the chunked full-data potential from
-        ``init_to_median``, a few full-data gradients per iteration and d
-        Hessian-vector products at the end; a one-line report is logged to the
-        ``numpyro_sgbd`` logger; it warns if the search stops within a posterior
-        sd of a mode without converging and raises if it ends farther); the
-        result is in :attr:`centre_info`.
-    :param int chunk_size: data rows per chunk of the full-data computations at the
-        centre (default 4096): memory O(chunk_size x d), whatever N.
-    :param int recentre_every: with control variates, move the centre during
-        warmup: every ``recentre_every`` warmup steps it becomes the mean of the
-        chain's unconstrained positions over those steps, with the full-data
-        potential and gradient there (in chunks; a non-finite result keeps the old
-        centre). Without ``centre`` no mode search runs and each chain starts
-        centred at its initial position. After warmup the centre stays where it is
-        (the draws come from one time-homogeneous chain); it is in
-        ``mcmc.last_state.centre`` (a :class:`~numpyro_sgbd.Centre`). Each
-        re-centring costs one pass over the data, about N/n minibatch gradients:
-        ``recentre_every`` of N/n or more adds at most about one minibatch
-        gradient per warmup step. It helps where the posterior mean is far from the
-        mode in posterior sds, or where no good centre is at hand (see the user
-        guide). Default ``None``: a fixed centre.
-
-    **References**
-
-    1. Mauri, L. & Zanella, G. (2024). *Robust SGMCMC with Barker dynamics.*
-       Algorithms 2-4, eq. (8), Corollary 1.
-
-    **Example**
-
-    >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
-    >>> from numpyro.infer import MCMC
-    >>> def model(y):
-    ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
-    ...     with numpyro.plate("data", y.shape[0], subsample_size=50) as idx:
-    ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
-    >>> y = 3.0 + jax.random.normal(jax.random.key(1), (2000,))
-    >>> mcmc = MCMC(SGBD(model, step_size=0.01), num_warmup=500, num_samples=2000,
-    ...             progress_bar=False)
-    >>> mcmc.run(jax.random.key(0), y)
-    >>> bool(abs(mcmc.get_samples()["mu"].mean() - y.mean()) < 0.05)
-    True
-    """
-
-    def __init__(
-        self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
-        step_size=None,
-        variant=None,
-        increment="bimodal",
-        beta=0.1,
-        init_noise_sd=None,
-        preconditioner=None,
-        adapt_mass_matrix=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-    ):
-        if increment not in INCREMENTS:
-            raise ValueError(
-                f"increment must be one of {INCREMENTS}, got {increment!r}."
-            )
-        self._increment = increment
-        super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
-            step_size=step_size,
-            variant=variant,
-            beta=beta,
-            init_noise_sd=init_noise_sd,
-            preconditioner=preconditioner,
-            adapt_mass_matrix=adapt_mass_matrix,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-        )
-
-    # In u (unit posterior scale) a Barker step of 0.5 gave xi 0.016 and a mean
-    # bias of 0.04 sd on a 26,000-row logistic regression (issue 17); the
-    # coordinates of a product target move independently, so it does not
-    # shrink with d. The increment |w| stays below 1.3 sigma with the bimodal law
-    # (N(sigma, (0.1 sigma)^2)), so tau sigma < 1.702 / 1.3 keeps every move inside
-    # the corrected rule's tolerance |w| < 1.702 / tau (SGBD paper, eq. 8).
-    _STEP_TARGET = 0.5
-    _NOISE_CAP = BARKER_TOLERANCE / 1.3
-
-    def _update(self, rng_key, z, z_grad, step_size, noise_sd):
-        return barker_step(
-            rng_key,
-            z,
-            z_grad,
-            step_size,
-            variant=self._variant,
-            noise_sd=noise_sd,
-            increment=self._increment,
-        )
-
-
-class SGLD(_FirstOrderKernel):
-    r"""Stochastic gradient Langevin dynamics (Welling & Teh, 2011).
-
-    .. math::
-
-        z \leftarrow z - \frac{\sigma^2}{2}\nabla\hat U(z) + \varepsilon, \quad
-        \varepsilon \sim N(0, \sigma^2)\ (\text{vanilla}),\
-        N(0, \max(0, \sigma^2 - \hat\tau^2\sigma^4/4))\ (\text{corrected}),\
-        0\ (\text{extreme}).
-
-    ``step_size`` is :math:`\sigma` in the SGBD paper's parameterisation; BlackJAX's
-    ``sgld`` step size is :math:`\epsilon = \sigma^2/2`. All other arguments are as
-    for :class:`SGBD` (there is no ``increment``); with ``step_size=None`` the
-    target in the whitened coordinates is 0.4, lowered to keep
-    :math:`\hat\tau\sigma < 1.6`. ``tolerance_exceeded`` counts the
-    coordinates where the gradient noise alone exceeds the injected variance
-    (:math:`\hat\tau\sigma \ge 2`).
-    ``adapt_mass_matrix`` is off by default and keeps s at most 1, as for
-    :class:`NOGIN`: unadjusted Langevin is unstable for steps past about twice
-    the posterior's curvature radius, which L fixes at the mode (on a
-    spike-and-slab posterior, uncapped scales about 4 made SGLD's sd 15 % too
-    wide).
-
-    **References**
-
-    1. Welling, M. & Teh, Y. W. (2011). *Bayesian learning via stochastic gradient
-       Langevin dynamics.* ICML.
-    2. Mauri, L. & Zanella, G. (2024). *Robust SGMCMC with Barker dynamics.*
-       Supplement, Algorithms 5-6.
-
-    **Example**
-
-    >>> import jax, jax.numpy as jnp
-    >>> from numpyro.infer import MCMC
-    >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z**2), step_size=0.5)
-    >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=4000, progress_bar=False)
-    >>> mcmc.run(jax.random.key(0), init_params=jnp.zeros(2))
-    >>> bool(abs(mcmc.get_samples().var() - 1 / (1 - 0.5**2 / 4)) < 0.15)
-    True
-    """
-
-    # Unadjusted Langevin on a standard normal has variance 1 / (1 - sigma^2 / 4):
-    # sigma = 0.4 overstates the sd by 2 %, 0.5 by 3 % (xi 0.023 measured on the
-    # 26,000-row regression of issue 17). The corrected noise variance
-    # sigma^2 - tau^2 sigma^4 / 4 is positive while tau sigma < 2; the cap keeps
-    # a fifth of that margin.
-    _STEP_TARGET = 0.4
-    _NOISE_CAP = 1.6
-    _SCALE_MAX = 1.0
-
-    def __init__(
-        self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
-        step_size=None,
-        variant=None,
-        beta=0.1,
-        init_noise_sd=None,
-        preconditioner=None,
-        adapt_mass_matrix=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-    ):
-        super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
-            step_size=step_size,
-            variant=variant,
-            beta=beta,
-            init_noise_sd=init_noise_sd,
-            preconditioner=preconditioner,
-            adapt_mass_matrix=adapt_mass_matrix,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-        )
-
-    def _update(self, rng_key, z, z_grad, step_size, noise_sd):
-        return langevin_step(
-            rng_key, z, z_grad, step_size, variant=self._variant, noise_sd=noise_sd
-        )
-
-
-#: The fields every family kernel's state has, in order; a sampler's own
-#: statistics (``kinetic_energy``, ``thermostat``, ...) go between
-#: ``tolerance_exceeded`` and ``num_nonfinite`` (see :func:`family_state`).
-_FAMILY_HEAD = (
-    "i",
-    "z",
-    "z_grad",
-    "potential_energy_estimate",
-    "noise_sd",
-    "mean_noise_sd",
-    "tolerance_exceeded",
-)
-_FAMILY_TAIL = ("num_nonfinite", "centre", "rng_key", "aux", "step_size", "scale")
-
-
-def family_state(name, statistics=(), *, module=None):
-    """The state type of a kernel on :class:`_FamilyKernel`: :class:`SGState`'s
-    fields, the sampler's own per-draw ``statistics`` (scalars, collected by
-    default), and ``aux``, the update family's own state (e.g. momentum) over the
-    flat position in u with a preconditioner, over z's pytree without. Assign it
-    to a module-level name equal to ``name`` in ``module`` (the caller's
-    ``__name__``) so that it pickles."""
-    return namedtuple(
-        name,
-        _FAMILY_HEAD + tuple(statistics) + _FAMILY_TAIL,
-        defaults=(None, None),
-        module=module,
-    )
-
-
-class _FamilyKernel(_FirstOrderKernel):
-    """The adapter for samplers given as a pure update family
-    (:mod:`numpyro_sgbd.updates`): the sampler sets
-
-    - ``_family_init(x, rng_key, **init_kwargs) -> aux``, the family's state at
-      position ``x``, which it keeps in its field ``z``;
-    - ``_family_step(rng_key, aux, z_grad, step_size, *, variant, noise_sd,
-      **step_kwargs) -> (aux, info)``, one move given the gradient estimate at
-      ``aux.z``; ``info`` has ``noise_exceeded`` (the fraction of coordinates whose
-      injected noise variance was clipped at 0) and the sampler's statistics;
-    - ``_state_type`` (from :func:`family_state`), ``_init_kwargs`` and
-      ``_step_kwargs`` (the hyperparameters, call arguments of the pure step).
-
-    The position x is z's pytree without a preconditioner and the flat u with
-    one, where z_grad and noise_sd come in the same form. Nothing here branches
-    on the sampler."""
-
-    _state_type = None
-    _family_init = None
-    _family_step = None
-    #: The family's variants (``"extreme"`` has no momentum analogue).
-    _VARIANTS = ("vanilla", "corrected")
-    #: The hyperparameter D whose injected variance ``eps (2 D - eps tau^2)`` the
-    #: corrected variant keeps positive, by name (e.g. ``"friction"``).
-    _NOISE_DIFFUSION = None
-    _SCALE_MAX = 1.0
-
-    def __init__(self, model, potential_fn, gradient_fn, *, variant, **kwargs):
-        if variant is not None and variant not in self._VARIANTS:
-            raise ValueError(
-                f"variant must be one of {self._VARIANTS} or None, got {variant!r}."
-            )
-        super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
-            variant=variant,
-            adapt_mass_matrix=False,
-            **kwargs,
-        )
-        #: The sampler's hyperparameters as given, by name (set by its constructor;
-        #: numbers or dicts of sites are validated against z in ``_prepare``).
-        self._hyperparameters = {}
-        self._init_kwargs = {}
-        self._step_kwargs = {}
-
-    #: Which hyperparameters the family's ``init`` takes (all go to ``step``).
-    _INIT_ARGS = ()
-
-    def _prepare(self, shapes, one_z):
-        super()._prepare(shapes, one_z)
-        resolved = {}
-        for name, value in self._hyperparameters.items():
-            if value is None or callable(value):
-                resolved[name] = value
-            elif self.preconditioner is not None and isinstance(value, dict):
-                raise ValueError(
-                    f"with a preconditioner {name} is in the whitened coordinates "
-                    "u, which have no sites: give a positive scalar."
-                )
-            elif self.preconditioner is not None:
-                resolved[name] = jnp.asarray(value, jnp.result_type(float))
-            else:
-                resolved[name] = _per_site(value, shapes, name)
-        self._step_kwargs = resolved
-        self._init_kwargs = {k: resolved[k] for k in self._INIT_ARGS}
-
-    @property
-    def _statistics(self):
-        return self._state_type._fields[len(_FAMILY_HEAD) : -len(_FAMILY_TAIL)]
-
-    @property
-    def default_fields(self):
-        """``z``, the sampler statistics of :class:`SGState` and the sampler's
-        own (see its state type)."""
-        return (
-            "z",
-            "potential_energy_estimate",
-            "mean_noise_sd",
-            "tolerance_exceeded",
-            *self._statistics,
-            "num_nonfinite",
-        )
-
-    def _to_x(self, z):
-        if self.preconditioner is None:
-            return z
-        return self.preconditioner.to_u(ravel_pytree(z)[0])
-
-    def _to_z(self, x, like):
-        if self.preconditioner is None:
-            return x
-        return ravel_pytree(like)[1](self.preconditioner.to_z(x))
-
-    def _step_allowed(self, state):
-        """The target, lowered so that the corrected variant's injected variance
-        ``eps (2 D - eps tau^2)`` keeps a fifth of its margin (recipe paper,
-        eq. 9: ``2 D >= eps B``) at the largest noise sd."""
-        target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
-        if state.noise_sd is None or self._NOISE_DIFFUSION is None:
-            return target
-        largest = jnp.max(
-            jnp.stack([jnp.max(x) for x in jax.tree.leaves(state.noise_sd)])
-        )
-        diffusion = jnp.min(
-            jnp.stack(
-                [
-                    jnp.min(x)
-                    for x in jax.tree.leaves(self._step_kwargs[self._NOISE_DIFFUSION])
-                ]
-            )
-        )
-        return jnp.minimum(target, 1.6 * diffusion / largest**2).astype(target.dtype)
-
-    def _init_state(self, rng_key, z, model_args, model_kwargs):
-        rng_key, key_est = random.split(rng_key)
-        centre = self._initial_centre(z, model_args, model_kwargs)
-        est = self._estimate(key_est, z, model_args, model_kwargs, centre)
-        noise_sd = self._noise_tree(z, est.noise_sd)
         dtype = jnp.result_type(float)
         nan = jnp.array(jnp.nan, dtype)
         aux = self._family_init(
@@ -2002,8 +1515,8 @@ class _FamilyKernel(_FirstOrderKernel):
             num_nonfinite=jnp.array(0),
             centre=centre,
             rng_key=rng_key,
+            scale=self._initial_scale(ravel_pytree(z)[0]),
             aux=aux,
-            scale=None,
         )
         if self._step_size_arg is None:
             state = state._replace(step_size=self._step_allowed(state))
@@ -2011,11 +1524,17 @@ class _FamilyKernel(_FirstOrderKernel):
 
     def _sample_one(self, state, model_args, model_kwargs):
         rng_key, key_move, key_est = random.split(state.rng_key, 3)
+        step = self._step(state)
+        if state.scale is not None:
+            # The rule in v = u / s is the rule in u with steps step * s: the
+            # Barker and Langevin moves act coordinate by coordinate, and the
+            # tolerance |w| < 1.702 / tau is the same statement in u and in v.
+            step = step * state.scale.scale
         aux, info = self._family_step(
             key_move,
             state.aux,
             state.z_grad,
-            self._step(state),
+            step,
             variant=self._variant,
             noise_sd=state.noise_sd,
             **self._step_kwargs,
@@ -2023,6 +1542,7 @@ class _FamilyKernel(_FirstOrderKernel):
         z = self._to_z(aux.z, state.z)
         est = self._estimate(key_est, z, model_args, model_kwargs, state.centre)
         noise_sd, mean_noise_sd = state.noise_sd, state.mean_noise_sd
+        exceeded = state.tolerance_exceeded
         if noise_sd is not None:
             noise_sd = jax.tree.map(
                 lambda old, new: (1 - self._beta) * old + self._beta * new,
@@ -2030,6 +1550,7 @@ class _FamilyKernel(_FirstOrderKernel):
                 est.noise_sd,
             )
             mean_noise_sd = _tree_mean(noise_sd)
+            exceeded = jnp.asarray(info.noise_exceeded, exceeded.dtype)
         dtype = mean_noise_sd.dtype
         potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
         ok = (
@@ -2037,7 +1558,6 @@ class _FamilyKernel(_FirstOrderKernel):
             & _potential_ok(potential, self._gradient_fn is not None)
             & (state.num_nonfinite == 0)
         )
-        exceeded = jnp.asarray(info.noise_exceeded, dtype)
         moved = state._replace(
             i=state.i + 1,
             z=z,
@@ -2045,9 +1565,7 @@ class _FamilyKernel(_FirstOrderKernel):
             potential_energy_estimate=potential,
             noise_sd=noise_sd,
             mean_noise_sd=mean_noise_sd,
-            tolerance_exceeded=exceeded
-            if noise_sd is not None
-            else state.tolerance_exceeded,
+            tolerance_exceeded=exceeded,
             **{
                 name: jnp.asarray(getattr(info, name), dtype)
                 for name in self._statistics
@@ -2055,7 +1573,8 @@ class _FamilyKernel(_FirstOrderKernel):
             rng_key=rng_key,
             aux=aux,
         )
-        return _guard(ok, self._adapt_step(moved), state, rng_key)
+        moved = self._adapt_step(self._adapt_scale(moved))
+        return _guard(ok, moved, state, rng_key)
 
     def _check_initial_noise(self, state):
         """With a given step and the corrected variant: raise before sampling when
@@ -2092,508 +1611,12 @@ class _FamilyKernel(_FirstOrderKernel):
         return state
 
     def _diagnostic_parts(self, state):
-        parts = super()._diagnostic_parts(state)
+        parts = []
+        if state.noise_sd is not None:
+            parts.append(
+                f"tau_hat {float(state.mean_noise_sd):.3g}, "
+                f"over tolerance {100 * float(state.tolerance_exceeded):.0f}%"
+            )
         for name in self._statistics:
             parts.append(f"{name} {float(np.mean(getattr(state, name))):.3g}")
         return parts
-
-
-NOGINState = namedtuple(
-    "NOGINState",
-    [
-        "i",
-        "z",
-        "p",
-        "potential_energy_estimate",
-        "mean_noise_sd",
-        "noise_damping",
-        "num_nonfinite",
-        "centre",
-        "rng_key",
-        "step_size",
-        "scale",
-    ],
-    defaults=(None, None),
-)
-NOGINState.__doc__ = """
-State of :class:`NOGIN`. The scalar fields can be collected with
-``MCMC.run(..., extra_fields=(...))``; ``potential_energy_estimate``,
-``mean_noise_sd``, ``noise_damping`` and ``num_nonfinite`` are collected by default.
-
- - **i** - iteration number.
- - **z** - position in unconstrained space (dict of sites for a model).
- - **p** - momentum, a flat vector over z raveled by
-   :func:`jax.flatten_util.ravel_pytree`.
- - **potential_energy_estimate** - the minibatch estimate of the potential at the
-   half-step position where the last step evaluated its force.
- - **mean_noise_sd** - the mean over coordinates of the noise sd
-   :math:`\\sqrt{\\Sigma_{jj}}` of the last force (0 with exact gradients).
- - **noise_damping** - :math:`\\frac{\\beta h^2}{4}\\rho(\\Sigma M^{-1})`, the largest
-   eigenvalue of the noise term of the last O-step (0 with exact gradients). The
-   damping factor's smallest eigenvalue is
-   :math:`(1-\\lambda^2-x)/(1+\\lambda^2+x)` at this value x; near 1 or above,
-   gradient noise rather than the step size limits exploration (see :class:`NOGIN`).
- - **num_nonfinite** - number of refused non-finite steps (see :class:`SGState`).
- - **centre** - the control variates' centre while re-centring (see
-   :class:`SGState`), else ``None``.
- - **rng_key** - random key.
- - **step_size**, **scale** - as for :class:`SGState`; with ``scale`` the mass in
-   u is ``mass / s**2``.
-"""
-
-# noise_damping above which the gradient noise, not the step, sets the
-# autocorrelation time (Matthews & Weare, Section 4.3).
-_STALL_DAMPING = 1.0
-# Check the damping once, at this iteration or at the end of warmup if later.
-_STALL_CHECK_ITERATION = 100
-
-
-def _warn_stall(i, damping):
-    warnings.warn(
-        f"NOGIN: noise_damping = {float(np.max(damping)):.3g} at iteration "
-        f"{int(np.max(i))}. The momentum damping that cancels the gradient noise "
-        "multiplies the autocorrelation time by about 1 + noise_damping (Matthews & "
-        "Weare, Section 4.3): below this subsample size fewer data per step no longer "
-        "buy more effective draws per data pass. Increase subsample_size (the noise "
-        "variance falls like 1/n) or otherwise reduce the gradient noise. Far from "
-        "the posterior the noise is larger still and can freeze the chain: start "
-        "NOGIN near the posterior (init_to_value(values=posterior_mode(model, "
-        "*args).params), or init_params from a short SGBD run). See "
-        "state.noise_damping / sample_stats.",
-        UserWarning,
-        stacklevel=2,
-    )
-
-
-def _mean_noise_sd(noise, covariance):
-    if covariance == "diag":
-        var = noise
-    elif covariance == "full":
-        var = jnp.diagonal(noise)
-    else:
-        var = jnp.sum(noise**2, axis=1)
-    return jnp.mean(jnp.sqrt(var)) if var.size else jnp.zeros((), noise.dtype)
-
-
-#: Largest noise-covariance matrix (d x d for "full", n x n inside "lowrank") that
-#: ``covariance="auto"`` forms per chain, in bytes of float32.
-MAX_COVARIANCE_BYTES = 2**30
-
-
-def choose_covariance(d, n):
-    """NOGIN's covariance form for ``d`` coordinates and minibatches of ``n``:
-    ``(form, reason)``.
-
-    A step costs :math:`O(dn^2 + n^3)` in the ``"lowrank"`` form (the d x n factor
-    and an n x n solve) and :math:`O(d^2 n + d^3)` in the ``"full"`` form (the d x d
-    matrix and its eigendecomposition), so the low-rank form is the cheaper exactly
-    when n < d. Where the cheaper form's square matrix would pass
-    :data:`MAX_COVARIANCE_BYTES`, ``"diag"`` (:math:`O(dn)`, an approximation) is
-    chosen instead. Without subsampling (n = 0) the noise is zero: ``"diag"``.
-
-    >>> choose_covariance(21, 1000)[0], choose_covariance(1000, 100)[0]
-    ('full', 'lowrank')
-    """
-    if n == 0:
-        return "diag", "no subsample plate: exact gradients, no noise"
-    form, side = ("lowrank", n) if n < d else ("full", d)
-    if 4 * side**2 > MAX_COVARIANCE_BYTES:
-        return "diag", (
-            f"d = {d}, n = {n}: the {form} form's {side} x {side} matrix would take "
-            f"{4 * side**2 / 2**30:.1f} GiB per chain; the diagonal approximation "
-            "instead"
-        )
-    return form, f"d = {d}, n = {n}: O(d n^2 + n^3) against O(d^2 n + d^3) a step"
-
-
-class NOGIN(_SGKernel):
-    r"""NOGIN, the noisy gradient integrator (Matthews & Weare).
-
-    Underdamped Langevin dynamics in (z, p), integrated by A-B-O-B-A steps whose
-    O-step damps the momentum by the covariance :math:`\Sigma` of the minibatch force
-    :math:`\tilde F = -\nabla\hat U` (Algorithm 2). With
-    :math:`\lambda = \sqrt{(1-e^{-\gamma h})/(1+e^{-\gamma h})}` and one draw
-    :math:`R\sim N(0, M/\beta)` per step:
-
-    .. math::
-
-        z &\leftarrow z + \tfrac h2 M^{-1}p, \qquad
-        p \leftarrow p + \tfrac h2\tilde F(z) + \lambda R, \\
-        p &\leftarrow \Big((1-\lambda^2)I - \tfrac{\beta h^2}{4}\Sigma M^{-1}\Big)
-            \Big((1+\lambda^2)I + \tfrac{\beta h^2}{4}\Sigma M^{-1}\Big)^{-1}p, \\
-        p &\leftarrow p + \tfrac h2\tilde F(z) + \lambda R, \qquad
-        z \leftarrow z + \tfrac h2 M^{-1}p.
-
-    The O-step damps by :math:`\beta\Sigma M^{-1}`, not the paper's
-    :math:`M\Sigma/\beta`, which is exact only for :math:`M = I`, :math:`\beta = 1`
-    (see :func:`~numpyro_sgbd.updates.nogin_damp`).
-    For a Gaussian target with Gaussian gradient noise the z-marginal is exact at any
-    stable step (:math:`h^2 < 4\rho(\Omega)` in the scale M sets; Lemma 4.2); for
-    smooth targets the bias is :math:`O(h^2)` (Theorem 4.1), where SGLD's is
-    :math:`O(h)` plus the gradient noise's share.
-
-    :math:`\Sigma` comes from the minibatch's per-datum gradients
-    (their sample covariance:
-    :math:`\Sigma = CC^\top`, :math:`C = \sqrt{c/(n-1)}(G-\bar G)^\top`), in one of
-    three forms, chosen by default (``covariance="auto"``) from d and n by
-    :func:`~numpyro_sgbd.kernels.choose_covariance` (the choice is logged to the
-    ``"numpyro_sgbd"`` logger and is :attr:`covariance` after ``init``):
-
-    - ``"lowrank"``: the d x n factor C; the O-step is solved by the
-      Woodbury identity in :math:`O(dn^2 + n^3)` and never forms a d x d matrix. Exact
-      for the minibatch estimate; the cheaper form when n < d (regressions on many
-      features, neural networks, matrix factorisation).
-    - ``"full"``: the d x d matrix and one symmetric eigendecomposition per step,
-      :math:`O(d^2 n + d^3)`. Same result as ``"lowrank"``; the cheaper form when
-      n > d.
-    - ``"diag"``: only the diagonal, :math:`O(dn)`: the cheap approximation that
-      drops the correlations of the noise between coordinates (biased where they
-      matter, e.g. correlated features).
-
-    **Scale.** With the default unit mass, z's natural unit of time is its posterior
-    sd s: set ``mass`` to about the posterior precision (:math:`1/s^2`, per site or
-    coordinate), and then ``step_size`` around 0.1-1 and ``friction`` around 1 are
-    sensible. The scheme is stable for :math:`h^2 < 4 s^2 m`. ``noise_damping`` in
-    the state (and ArviZ's ``sample_stats``) is
-    :math:`\frac{\beta h^2}{4}\rho(\Sigma M^{-1})`; the autocorrelation time is about
-    :math:`(4/h^2)(1 + \text{noise\_damping})` steps (Section 4.3), so above 1 the
-    gradient noise, not the step, limits exploration. The kernel warns, once, when
-    it exceeds 1 at iteration ``max(num_warmup, 100)``.
-
-    :param model: a NumPyro model with its data in
-        ``numpyro.plate(name, N, subsample_size=n)``, as for :class:`SGBD`; the
-        noise covariance needs a single subsample plate. A model without one runs
-        full batch with :math:`\Sigma = 0`.
-    :param potential_fn: instead of a model, a potential :math:`U(z)`: exact
-        gradients, :math:`\Sigma = 0`. Needs ``init_params``.
-    :param gradient_fn: instead of a model, ``gradient_fn(rng_key, z)`` returning a
-        :class:`~numpyro_sgbd.GradientEstimate` with ``noise_cov`` in the form
-        ``covariance`` names (over z raveled by
-        :func:`~jax.flatten_util.ravel_pytree`). Needs ``init_params``.
-    :param float step_size: h, a positive scalar (precondition with ``mass``).
-        Default ``None``: adapted in warmup in the whitened coordinates u of the
-        full-data Hessian H at the mode, where the mass is the identity (M = H in
-        z; dense where the preconditioner is): target 0.5, lowered while
-        ``noise_damping`` exceeds 1, fixed from the end of warmup (see
-        :ref:`adaptation`). Needs a model and ``mass=1.0``.
-    :param str preconditioner: as for :class:`SGBD`.
-    :param bool adapt_mass_matrix: as for :class:`SGBD` (the mass in u becomes
-        ``1 / s**2``), but off by default and with s at most 1: the windows may
-        shorten the steps where the posterior is narrower than L says, never
-        lengthen them past what the curvature at the mode allows (unadjusted
-        Langevin rules are unstable beyond it).
-    :param float friction: :math:`\gamma > 0`. Default 1.
-    :param mass: the diagonal of M: a positive scalar, an array broadcastable to z,
-        or a dict ``{site: value}`` broadcastable to each site's unconstrained shape.
-    :param float inverse_temperature: :math:`\beta > 0` (Algorithm 2); the chain
-        targets :math:`\pi^\beta`. Default 1.
-    :param str covariance: ``"auto"`` (default: ``"lowrank"`` when n < d, else
-        ``"full"``, ``"diag"`` where that matrix would pass 1 GiB), ``"lowrank"``,
-        ``"full"`` or ``"diag"``. With ``gradient_fn`` name the form it returns.
-    :param bool replace: draw minibatch indices with replacement (as :class:`SGBD`).
-    :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
-    :param int log_likelihood_size: as for :class:`SGBD`.
-    :param str gradient: ``"minibatch"`` or ``"control_variates"``, as for
-        :class:`SGBD` (with control variates, :math:`\Sigma` comes from the
-        per-datum differences).
-    :param dict centre: as for :class:`SGBD`.
-    :param int chunk_size: as for :class:`SGBD`.
-    :param int recentre_every: as for :class:`SGBD`.
-
-    **References**
-
-    1. Matthews, C. & Weare, J. (2018). *Langevin Markov chain Monte Carlo with
-       stochastic gradients.* Algorithms 1-2, eq. (4), Lemma 4.2, Theorem 4.1,
-       Section 4.3.
-
-    **Example**
-
-    >>> import jax, jax.numpy as jnp
-    >>> from numpyro.infer import MCMC
-    >>> from numpyro_sgbd import GradientEstimate
-    >>> def gradient_fn(rng_key, z):  # N(0, 1) target, force noise of variance 1
-    ...     noise = jax.random.normal(rng_key, z.shape)
-    ...     return GradientEstimate(z + noise, noise_cov=jnp.ones(z.shape))
-    >>> kernel = NOGIN(gradient_fn=gradient_fn, step_size=1.5, covariance="diag")
-    >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=4000, num_chains=8,
-    ...             chain_method="vectorized", progress_bar=False)
-    >>> mcmc.run(jax.random.key(0), init_params=jnp.zeros((8, 1)))
-    >>> bool(abs(mcmc.get_samples().var() - 1.0) < 0.1)  # SGLD: about 3.6
-    True
-    """
-
-    def __init__(
-        self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
-        step_size=None,
-        friction=1.0,
-        mass=1.0,
-        inverse_temperature=1.0,
-        covariance="auto",
-        preconditioner=None,
-        adapt_mass_matrix=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-    ):
-        if step_size is not None and (
-            isinstance(step_size, dict) or np.ndim(step_size) != 0
-        ):
-            raise ValueError(
-                "NOGIN's step_size must be a positive scalar; for per-coordinate "
-                f"scales set mass= (the diagonal of M). Got {step_size!r}."
-            )
-        _check_positive(friction, "friction")
-        _check_positive(inverse_temperature, "inverse_temperature")
-        _check_positive_tree(mass, "mass")
-        if covariance not in COVARIANCES + ("auto",):
-            raise ValueError(
-                f"covariance must be 'auto' or one of {COVARIANCES}, got "
-                f"{covariance!r}."
-            )
-        if covariance == "auto" and gradient_fn is not None:
-            raise ValueError(
-                "With gradient_fn, name the form of the noise covariance your "
-                f"function returns: covariance= one of {COVARIANCES}."
-            )
-        super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
-            step_size=step_size,
-            preconditioner=preconditioner,
-            adapt_mass_matrix=adapt_mass_matrix,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-        )
-        if self._preconditioner_arg != "none" and not (
-            np.ndim(mass) == 0 and not isinstance(mass, dict) and float(mass) == 1.0
-        ):
-            raise ValueError(
-                "with a preconditioner (step_size=None, or preconditioner=...) the "
-                "mass is the identity in the whitened coordinates u, M = H at the "
-                "mode in z: leave mass=1.0, or pass preconditioner='none' with a "
-                "step_size and your own mass."
-            )
-        self._friction = float(friction)
-        self._inverse_temperature = float(inverse_temperature)
-        self._mass_arg = mass
-        self._covariance_arg = covariance
-        # Exact gradients (potential_fn) have no noise: any form serves.
-        self._covariance = (
-            "diag" if covariance == "auto" and model is None else covariance
-        )
-        self._mass = None
-
-    @property
-    def default_fields(self):
-        """``z`` and the per-draw sampler statistics (see :class:`NOGINState`)."""
-        return (
-            "z",
-            "potential_energy_estimate",
-            "mean_noise_sd",
-            "noise_damping",
-            "num_nonfinite",
-        )
-
-    @property
-    def covariance(self):
-        """The form of the noise covariance: as given, or with
-        ``covariance="auto"`` the form chosen at ``init`` (``"auto"`` before it)."""
-        return self._covariance
-
-    def _noise_form(self):
-        return self._covariance
-
-    def _resolve_noise_form(self, noise_form, shapes, plates):
-        if self._covariance_arg != "auto":
-            return noise_form
-        d = sum(int(np.prod(shape)) for shape in shapes.values())
-        n = max((m for _, m in plates.values()), default=0)
-        self._covariance, why = choose_covariance(d, n)
-        logger.info("NOGIN: covariance=%r (%s).", self._covariance, why)
-        return self._covariance
-
-    def _noise_needed_by(self):
-        return "NOGIN", ""
-
-    def _prepare(self, shapes, one_z):
-        super()._prepare(shapes, one_z)
-        mass = _per_site(self._mass_arg, shapes, "mass")
-        flat_z, _ = ravel_pytree(one_z)
-        if isinstance(mass, dict):  # ravel_pytree orders both dicts by key
-            mass = ravel_pytree(mass)[0]
-        elif isinstance(shapes, dict):  # one scalar for every site
-            mass = jnp.broadcast_to(mass, flat_z.shape)
-        else:  # z is one array
-            mass = jnp.broadcast_to(mass, shapes).ravel()
-        self._mass = jnp.asarray(mass, flat_z.dtype)
-
-    def _check_probe(self, probe, one_z):
-        if probe.noise_cov is None:
-            if self._gradient_fn is not None:
-                raise ValueError(
-                    "NOGIN needs the covariance of the gradient noise: gradient_fn "
-                    "must return GradientEstimate(z_grad, noise_cov=...) in the form "
-                    f"covariance={self._covariance!r} names (zeros for exact "
-                    "gradients)."
-                )
-            return
-        d = ravel_pytree(one_z)[0].shape[0]
-        try:
-            jax.eval_shape(
-                partial(nogin_damp, covariance=self._covariance),
-                jax.ShapeDtypeStruct((d,), jnp.result_type(float)),
-                probe.noise_cov,
-                1.0,
-                0.5,
-            )
-        except ValueError as err:
-            raise ValueError(f"The gradient estimate's noise_cov: {err}") from None
-
-    # Exact for a Gaussian target with Gaussian noise whatever h < 2 in units of
-    # the posterior sd (Matthews & Weare, Lemma 4.2); 0.5 in u keeps the
-    # second-order bias of non-Gaussian targets (their Theorem 4.1) small. The
-    # noise term's damping grows like h^2: the step is kept where it is <= 1
-    # (Section 4.3: beyond it the momentum is cancelled every step).
-    _STEP_TARGET = 0.5
-    _SCALE_MAX = 1.0
-
-    def _step_allowed(self, state):
-        target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
-        damping = state.noise_damping
-        step = self._step(state)
-        allowed = jnp.where(damping > 1.0, step / jnp.sqrt(damping), jnp.inf)
-        return jnp.minimum(target, allowed).astype(target.dtype)
-
-    def _mass_of(self, state):
-        """The chain's mass: ``mass / s**2`` in u with re-estimated scales s (the
-        rule in v = u / s with the given mass), else ``mass``."""
-        if state.scale is None:
-            return self._mass
-        return self._mass / state.scale.scale**2
-
-    def _drift(self, flat, p, step, mass):
-        """Half a step of position, ``h M^-1 p / 2``; in z through L where there is
-        a preconditioner (M = I in u)."""
-        if self.preconditioner is None:
-            return nogin_drift(flat, p, step, mass)
-        return flat + self.preconditioner.move(
-            nogin_drift(jnp.zeros_like(p), p, step, mass)
-        )
-
-    def _kick(self, rng_key, p, z_grad, noise_cov, step, mass):
-        if noise_cov is None:  # exact gradients: Sigma = 0
-            noise_cov, covariance = jnp.zeros_like(p), "diag"
-        else:
-            covariance = self._covariance
-        p, damping = nogin_kick(
-            rng_key,
-            p,
-            ravel_pytree(z_grad)[0],
-            noise_cov,
-            step,
-            self._friction,
-            covariance=covariance,
-            mass=mass,
-            inverse_temperature=self._inverse_temperature,
-        )
-        return p, damping, _mean_noise_sd(noise_cov, covariance)
-
-    def _init_state(self, rng_key, z, model_args, model_kwargs):
-        rng_key, key_p, key_est = random.split(rng_key, 3)
-        flat, _ = ravel_pytree(z)
-        scale = jnp.sqrt(self._mass / self._inverse_temperature)
-        p = scale * random.normal(key_p, flat.shape, flat.dtype)
-        centre = self._initial_centre(z, model_args, model_kwargs)
-        est = self._estimate(key_est, z, model_args, model_kwargs, centre)
-        noise = est.noise_cov
-        mean_sd = (
-            jnp.zeros((), flat.dtype)
-            if noise is None
-            else _mean_noise_sd(noise, self._covariance)
-        )
-        state = NOGINState(
-            i=jnp.array(0),
-            z=z,
-            p=p,
-            potential_energy_estimate=jnp.asarray(
-                est.potential_energy, jnp.result_type(float)
-            ),
-            mean_noise_sd=mean_sd,
-            noise_damping=jnp.array(jnp.nan, flat.dtype),
-            num_nonfinite=jnp.array(0),
-            centre=centre,
-            rng_key=rng_key,
-            scale=self._initial_scale(flat),
-        )
-        if self._step_size_arg is None:
-            state = state._replace(step_size=jnp.asarray(self._STEP_TARGET, flat.dtype))
-        return state
-
-    def _sample_one(self, state, model_args, model_kwargs):
-        rng_key, key_kick, key_est = random.split(state.rng_key, 3)
-        flat, unravel = ravel_pytree(state.z)
-        step = self._step(state)
-        mass = self._mass_of(state)
-        flat = self._drift(flat, state.p, step, mass)
-        est = self._estimate(
-            key_est, unravel(flat), model_args, model_kwargs, state.centre
-        )
-        p, damping, mean_sd = self._kick(
-            key_kick, state.p, est.z_grad, est.noise_cov, step, mass
-        )
-        flat = self._drift(flat, p, step, mass)
-        potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
-        ok = (
-            _finite((flat, p, damping))
-            & _potential_ok(potential, self._gradient_fn is not None)
-            & (state.num_nonfinite == 0)
-        )
-        moved = NOGINState(
-            state.i + 1,
-            unravel(flat),
-            p,
-            potential,
-            mean_sd,
-            damping,
-            state.num_nonfinite,
-            state.centre,
-            rng_key,
-            state.step_size,
-            state.scale,
-        )
-        moved = self._adapt_scale(moved)
-        if state.scale is not None:
-            # The momentum's law in v is unchanged by a new s: in u, p ~ N(0,
-            # mass / (beta s^2)), so p moves with s_old / s_new.
-            moved = moved._replace(p=moved.p * state.scale.scale / moved.scale.scale)
-        moved = self._adapt_step(moved)
-        return _guard(ok, moved, state, rng_key)
-
-    def sample(self, state, model_args, model_kwargs):
-        new_state = super().sample(state, model_args, model_kwargs)
-        check_at = max(self._num_warmup, _STALL_CHECK_ITERATION)
-        stalled = jnp.any(
-            (new_state.i == check_at) & (new_state.noise_damping > _STALL_DAMPING)
-        )
-        return new_state._replace(
-            i=_warn_on_host(stalled, _warn_stall, new_state.i, new_state.noise_damping)
-        )
-
-    def _diagnostic_parts(self, state):
-        return [
-            f"noise_damping {float(np.max(state.noise_damping)):.3g}",
-        ]

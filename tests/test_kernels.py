@@ -756,7 +756,7 @@ def test_jit_model_args_gives_the_same_draws(y_data, kernel_cls, kwargs):
     ],
 )
 def test_nogin_chooses_the_cheaper_covariance_form(d, n, form):
-    from numpyro_sgbd.kernels import choose_covariance
+    from numpyro_sgbd.samplers import choose_covariance
 
     assert choose_covariance(d, n)[0] == form
 
