@@ -126,8 +126,9 @@ four sampler statistics ``potential_energy_estimate``, ``mean_noise_sd``,
    fixed from 60 % of warmup): the rule then runs in v = u / s, so each
    coordinate of u moves by ``step_size * s``. ``None`` otherwise.
  - **aux** - the update family's own state
-   (:class:`~numpyro_sgbd.updates.position.PositionState` for SGBD and SGLD: the
-   position, flat in u with a preconditioner).
+   (:class:`~numpyro_sgbd.updates.position.PositionState` for SGBD and SGLD). Its
+   position ``aux.z`` is the flat u with a preconditioner, and ``None`` without
+   one (the position is then ``z``, kept once).
 
 With a preconditioner (``z = z_hat + L u``, see :mod:`numpyro_sgbd.preconditioning`)
 ``z`` stays in the model's unconstrained space while ``z_grad`` and ``noise_sd`` are
@@ -1439,6 +1440,18 @@ class _FamilyKernel(_SGKernel):
             return x
         return ravel_pytree(like)[1](self.preconditioner.to_z(x))
 
+    # Without a preconditioner the family's position is z itself: the state keeps
+    # it once (aux.z is None there), so the loop carries and guards no copy.
+    def _aux_in(self, state):
+        if self.preconditioner is None:
+            return state.aux._replace(z=state.z)
+        return state.aux
+
+    def _aux_out(self, aux):
+        if self.preconditioner is None:
+            return aux._replace(z=None)
+        return aux
+
     def _noise_step_bound(self, largest):
         """The largest step the corrected variant allows at the largest noise sd
         ``largest``: its injected variance ``eps (2 D - eps tau^2)`` keeps a fifth
@@ -1516,7 +1529,7 @@ class _FamilyKernel(_SGKernel):
             centre=centre,
             rng_key=rng_key,
             scale=self._initial_scale(ravel_pytree(z)[0]),
-            aux=aux,
+            aux=self._aux_out(aux),
         )
         if self._step_size_arg is None:
             state = state._replace(step_size=self._step_allowed(state))
@@ -1532,7 +1545,7 @@ class _FamilyKernel(_SGKernel):
             step = step * state.scale.scale
         aux, info = self._family_step(
             key_move,
-            state.aux,
+            self._aux_in(state),
             state.z_grad,
             step,
             variant=self._variant,
@@ -1571,7 +1584,7 @@ class _FamilyKernel(_SGKernel):
                 for name in self._statistics
             },
             rng_key=rng_key,
-            aux=aux,
+            aux=self._aux_out(aux),
         )
         moved = self._adapt_step(self._adapt_scale(moved))
         return _guard(ok, moved, state, rng_key)

@@ -866,8 +866,9 @@ SGHMCKernelState.__doc__ = """State of :class:`SGHMC`: the fields of
 coordinates where the corrected variant's injected variance
 :math:`\\epsilon(2C - \\epsilon\\hat\\tau^2)` was clipped at 0), ``kinetic_energy``
 (:math:`\\tfrac12 p^\\top M^{-1}p` after the step, collected by default) and
-``aux``, the pure :class:`~numpyro_sgbd.updates.sghmc.SGHMCState` (position and
-momentum; flat, in u, with a preconditioner)."""
+``aux``, the pure :class:`~numpyro_sgbd.updates.sghmc.SGHMCState` (its momentum,
+flat in u with a preconditioner; its position as for :class:`~numpyro_sgbd.SGState`:
+u with a preconditioner, ``None`` without)."""
 
 SGNHTKernelState = family_state(
     "SGNHTKernelState", ("kinetic_energy", "thermostat"), module=__name__
