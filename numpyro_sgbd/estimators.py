@@ -441,12 +441,16 @@ class MinibatchEstimator(Estimator):
         # as JAX arrays they can, and jit embeds them as it would anyway.
         model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
         indices = self.draw(rng_key)
-        value, grad, per_datum_grads = self._at(z, indices, model_args, model_kwargs)
-        return self._estimate(value, grad, per_datum_grads)
+        value, grad, per_datum_grads = self.evaluate(
+            z, indices, model_args, model_kwargs
+        )
+        return self.summarise(value, grad, per_datum_grads)
 
-    def _at(self, z, indices, model_args, model_kwargs):
-        """(potential, its gradient, per-datum gradients or None) at ``z`` on the
-        minibatch ``indices``; the gradients in u where there is a pullback."""
+    def evaluate(self, z, indices, model_args, model_kwargs):
+        """``(potential, its gradient, per-datum gradients or None)`` at ``z`` on
+        the minibatch ``indices`` (from :meth:`draw`); the gradients in u where
+        there is a pullback. The per-datum gradients (rows) are formed where the
+        noise is estimated."""
         value, grad, per_datum_grads = self._at_z(z, indices, model_args, model_kwargs)
         return (value, *self._pull(grad, per_datum_grads))
 
@@ -491,9 +495,10 @@ class MinibatchEstimator(Estimator):
         per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
         return jnp.mean(values), grad, per_datum_grads
 
-    def _estimate(self, value, grad, per_datum_grads):
-        """The :class:`GradientEstimate`, with the noise statistics of the n
-        per-datum gradients (rows of ``per_datum_grads``) where asked for."""
+    def summarise(self, value, grad, per_datum_grads):
+        """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
+        noise statistics of the n per-datum gradients (rows of
+        ``per_datum_grads``) where asked for."""
         if not self.noise:
             return GradientEstimate(grad, None, value)
         if not self.plates:
@@ -577,7 +582,7 @@ class MinibatchEstimator(Estimator):
         return run, arrays
 
 
-class ControlVariateEstimator(MinibatchEstimator):
+class ControlVariateEstimator(Estimator):
     r"""Minibatch gradient with control variates around a centre :math:`\hat z`.
 
     .. math::
@@ -597,8 +602,17 @@ class ControlVariateEstimator(MinibatchEstimator):
     :math:`U(\hat z) + \hat U_S(z) - \hat U_S(\hat z)`. A step costs two minibatch
     gradients (with per-datum gradients where the noise is needed).
 
-    :param model, plates, noise, replace, covariance, per_datum, pullback: as
-        :class:`MinibatchEstimator` (exactly one subsample plate).
+    It wraps any minibatch estimator: one with ``plates`` (exactly one subsample
+    plate), ``draw(rng_key)``, ``evaluate(z, indices, ...)`` and
+    ``summarise(value, grad, per_datum)``, such as :class:`MinibatchEstimator`,
+    evaluating it at z and at the centre on the same indices.
+
+    :param estimator: the estimator to wrap; or a NumPyro model, for which the
+        wrapped estimator is ``MinibatchEstimator(model, plates, noise=noise,
+        replace=replace, covariance=covariance, per_datum=per_datum,
+        pullback=pullback)``.
+    :param dict plates, noise, replace, covariance, per_datum, pullback: as
+        :class:`MinibatchEstimator`, given only with a model.
     :param centre: :math:`\hat z`, unconstrained values by site (``None`` with
         ``recentre_every``: each chain starts at its initial position).
     :param centre_potential: :math:`U(\hat z)`, the full-data potential.
@@ -612,11 +626,11 @@ class ControlVariateEstimator(MinibatchEstimator):
 
     def __init__(
         self,
-        model,
-        plates,
-        centre,
-        centre_potential,
-        centre_grad,
+        estimator,
+        plates=None,
+        centre=None,
+        centre_potential=None,
+        centre_grad=None,
         *,
         noise=False,
         replace=False,
@@ -626,25 +640,57 @@ class ControlVariateEstimator(MinibatchEstimator):
         recentre_every=None,
         chunk_size=4096,
     ):
-        if len(plates) != 1:
+        if isinstance(estimator, Estimator):
+            if plates is not None:
+                raise ValueError(
+                    "ControlVariateEstimator wraps the given estimator, whose "
+                    "plates are its own: pass plates= only with a model."
+                )
+        else:
+            estimator = MinibatchEstimator(
+                estimator,
+                plates,
+                noise=noise,
+                replace=replace,
+                covariance=covariance,
+                per_datum=per_datum,
+                pullback=pullback,
+            )
+        if len(estimator.plates) != 1:
             raise ValueError(
                 "Control-variate gradients need exactly one subsample plate; the "
-                f"model subsamples {sorted(plates) or 'none'}."
+                f"model subsamples {sorted(estimator.plates) or 'none'}."
             )
-        super().__init__(
-            model,
-            plates,
-            noise=noise,
-            replace=replace,
-            covariance=covariance,
-            per_datum=per_datum,
-            pullback=pullback,
-        )
+        #: The wrapped estimator.
+        self.estimator = estimator
         self.centre = centre
         self.centre_potential = centre_potential
         self.centre_grad = centre_grad
         self.recentre_every = recentre_every
         self.chunk_size = chunk_size
+
+    # What the kernels and the mode search ask of an estimator, from the wrapped one.
+    model = property(lambda self: self.estimator.model)
+    plates = property(lambda self: self.estimator.plates)
+    noise = property(lambda self: self.estimator.noise)
+    covariance = property(lambda self: self.estimator.covariance)
+    pullback = property(lambda self: self.estimator.pullback)
+
+    def full_data(self, z, model_args=(), model_kwargs=None, *, chunk_size=4096):
+        """The wrapped estimator's exact full-data potential and gradient."""
+        return self.estimator.full_data(
+            z, model_args, model_kwargs, chunk_size=chunk_size
+        )
+
+    def full_data_fn(self, model_args=(), model_kwargs=None, *, chunk_size=4096):
+        """The wrapped estimator's :meth:`~MinibatchEstimator.full_data_fn`."""
+        return self.estimator.full_data_fn(
+            model_args, model_kwargs, chunk_size=chunk_size
+        )
+
+    def full_data_parts(self, model_args=(), model_kwargs=None, chunk_size=4096):
+        """The wrapped estimator's :meth:`~MinibatchEstimator.full_data_parts`."""
+        return self.estimator.full_data_parts(model_args, model_kwargs, chunk_size)
 
     def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
         centre = (self.centre, self.centre_potential, self.centre_grad)
@@ -657,16 +703,17 @@ class ControlVariateEstimator(MinibatchEstimator):
         centre, centre_potential, centre_grad = centre
         model_kwargs = {} if model_kwargs is None else model_kwargs
         model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
-        indices = self.draw(rng_key)
-        value, grad, per_datum = self._at(z, indices, model_args, model_kwargs)
-        value_c, grad_c, per_datum_c = self._at(
+        inner = self.estimator
+        indices = inner.draw(rng_key)
+        value, grad, per_datum = inner.evaluate(z, indices, model_args, model_kwargs)
+        value_c, grad_c, per_datum_c = inner.evaluate(
             centre, indices, model_args, model_kwargs
         )
         grad = jax.tree.map(lambda g, gc, g0: g - gc + g0, grad, grad_c, centre_grad)
         value = value - value_c + centre_potential
         if per_datum is not None:
             per_datum = jax.tree.map(jnp.subtract, per_datum, per_datum_c)
-        return self._estimate(value, grad, per_datum)
+        return inner.summarise(value, grad, per_datum)
 
     def estimate(self, rng_key, z, model_args=(), model_kwargs=None, centre=None):
         if centre is None:

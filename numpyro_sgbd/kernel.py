@@ -851,15 +851,10 @@ class _SGKernel(MCMCKernel):
                 plain, trace, shapes, model_args, model_kwargs
             )
         return ControlVariateEstimator(
-            self._model,
-            self._plates,
-            centre,
-            potential,
-            grad,
-            noise=plain.noise,
-            covariance=plain.covariance,
-            replace=self._replace,
-            pullback=plain.pullback,
+            plain,
+            centre=centre,
+            centre_potential=potential,
+            centre_grad=grad,
             recentre_every=self._recentre_every,
             chunk_size=self._chunk_size,
         )

@@ -81,6 +81,40 @@ def _cv_estimator(centre, **kwargs):
     return ControlVariateEstimator(model, PLATES, centre, u, g, **kwargs)
 
 
+def test_control_variates_wrap_any_minibatch_estimator():
+    """Wrapping an estimator is the model form draw for draw; the wrapper calls the
+    wrapped estimator's draw/evaluate/summarise (a subclass that scales its
+    gradients by 2 shows in the wrapper's output); plates= with an estimator is
+    an error."""
+
+    class Doubled(MinibatchEstimator):
+        def evaluate(self, z, indices, model_args, model_kwargs):
+            value, grad, per_datum = super().evaluate(
+                z, indices, model_args, model_kwargs
+            )
+            return value, jax.tree.map(lambda g: 2 * g, grad), per_datum
+
+    u, g = MinibatchEstimator(model, PLATES).full_data(CENTRE, (X, Y))
+    by_model = ControlVariateEstimator(model, PLATES, CENTRE, u, g, noise=True)
+    inner = MinibatchEstimator(model, PLATES, noise=True)
+    wrapped = ControlVariateEstimator(
+        inner, centre=CENTRE, centre_potential=u, centre_grad=g
+    )
+    assert wrapped.estimator is inner and wrapped.plates == inner.plates
+    a, b = by_model(random.key(3), Z, (X, Y)), wrapped(random.key(3), Z, (X, Y))
+    np.testing.assert_array_equal(flat(a.z_grad), flat(b.z_grad))
+    np.testing.assert_array_equal(flat(a.noise_sd), flat(b.noise_sd))
+    doubled = ControlVariateEstimator(
+        Doubled(model, PLATES), centre=CENTRE, centre_potential=u, centre_grad=g
+    )(random.key(3), Z, (X, Y))
+    # 2 (grad_S(z) - grad_S(centre)) + grad U(centre)
+    np.testing.assert_allclose(
+        flat(doubled.z_grad), 2 * flat(a.z_grad) - flat(g), rtol=1e-4, atol=1e-3
+    )
+    with pytest.raises(ValueError, match="plates= only with a model"):
+        ControlVariateEstimator(inner, PLATES, CENTRE, u, g)
+
+
 def test_control_variates_are_unbiased_with_the_differences_variance():
     """Over 4,000 minibatches at a fixed z: the mean estimate is the full-data
     gradient within 4 standard errors per coordinate, and the variance is the
