@@ -344,7 +344,10 @@ def _args_key(model_args, model_kwargs):
 
 class _SGKernel(MCMCKernel):
     """The one adapter from NumPyro models (or potentials, or noisy gradients) to the
-    pure update rules. Subclasses set ``_update``."""
+    pure update rules: ``init``, ``sample``, ``postprocess_fn``, diagnostics and
+    pickling. Subclasses set the state and the step (``_init_state``,
+    ``_sample_one``): :class:`_FamilyKernel` once for every update family, NOGIN
+    for its integrator."""
 
     sample_field = "z"
 
@@ -1451,7 +1454,7 @@ class _FamilyKernel(_SGKernel):
         """The largest step the corrected variant allows at the largest noise sd
         ``largest``: its injected variance ``eps (2 D - eps tau^2)`` keeps a fifth
         of its margin (recipe paper, eq. 9: ``2 D >= eps B``); no bound without a
-        named diffusion. The first-order samplers bound ``tau * step`` instead."""
+        named diffusion. SGBD and SGLD bound ``tau * step`` instead."""
         if self._NOISE_DIFFUSION is None:
             return jnp.inf
         diffusion = jnp.min(
