@@ -41,6 +41,7 @@ from numpyro_sgbd.estimators import (
     CustomEstimator,
     MinibatchEstimator,
     PotentialEstimator,
+    _finite_tree,
     split_arrays,
     unconstrained_centre,
 )
@@ -52,6 +53,7 @@ from numpyro_sgbd.modes import (
     hessian,
     search_centre,
 )
+from numpyro_sgbd.updates._tree import tree_mean
 
 __all__ = ["Centre", "SGState", "family_state", "wall_time"]
 
@@ -291,14 +293,6 @@ def _check_positive_tree(value, name):
         _check_positive(value, name)
 
 
-def _tree_mean(tree):
-    leaves = jax.tree.leaves(tree)
-    size = sum(jnp.size(x) for x in leaves)
-    if size == 0:  # a model with no latent sites
-        return jnp.array(jnp.nan, jnp.result_type(float))
-    return sum(jnp.sum(x) for x in leaves) / size
-
-
 def _guard(ok, moved, state, rng_key):
     """The one non-finite guard of every kernel: ``moved`` where ``ok``; else the
     chain stays at ``state``, counts the refused step in ``num_nonfinite`` and
@@ -319,13 +313,6 @@ def _potential_ok(potential, exact_nan_allowed):
 def _has_tracer(tree):
     """Whether any leaf of ``tree`` is a JAX tracer (abstract, inside a transform)."""
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
-
-
-def _finite(tree):
-    leaves = jax.tree.leaves(tree)
-    if not leaves:
-        return jnp.array(True)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
 #: Gradient estimators of the SG kernels' ``gradient`` argument.
@@ -1520,7 +1507,7 @@ class _FamilyKernel(_SGKernel):
             z_grad=est.z_grad,
             potential_energy_estimate=jnp.asarray(est.potential_energy, dtype),
             noise_sd=noise_sd,
-            mean_noise_sd=nan if noise_sd is None else _tree_mean(noise_sd),
+            mean_noise_sd=nan if noise_sd is None else tree_mean(noise_sd),
             tolerance_exceeded=nan,
             **{name: nan for name in self._statistics},
             num_nonfinite=jnp.array(0),
@@ -1560,12 +1547,12 @@ class _FamilyKernel(_SGKernel):
                 noise_sd,
                 est.noise_sd,
             )
-            mean_noise_sd = _tree_mean(noise_sd)
+            mean_noise_sd = tree_mean(noise_sd)
             exceeded = jnp.asarray(info.noise_exceeded, exceeded.dtype)
         dtype = mean_noise_sd.dtype
         potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
         ok = (
-            _finite((z, aux, est.z_grad, noise_sd))
+            _finite_tree((z, aux, est.z_grad, noise_sd))
             & _potential_ok(potential, self._gradient_fn is not None)
             & (state.num_nonfinite == 0)
         )

@@ -19,12 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.initialization import init_to_uniform
 
+from numpyro_sgbd.estimators import _finite_tree
 from numpyro_sgbd.kernel import (
     SGState,
     _check_positive,
     _check_positive_tree,
     _FamilyKernel,
-    _finite,
     _guard,
     _has_tracer,
     _per_site,
@@ -436,7 +436,11 @@ def _warn_stall(i, damping):
     )
 
 
-def _mean_noise_sd(noise, covariance):
+def _mean_noise_sd(noise, covariance, dtype):
+    """The mean over coordinates of the noise sd in a covariance of the given form
+    (0 for exact gradients, ``noise`` None)."""
+    if noise is None:
+        return jnp.zeros((), dtype)
     if covariance == "diag":
         var = noise
     elif covariance == "full":
@@ -765,11 +769,7 @@ class NOGIN(_SGKernel):
         centre = self._initial_centre(z, model_args, model_kwargs)
         est = self._estimate(key_est, z, model_args, model_kwargs, centre)
         noise = est.noise_cov
-        mean_sd = (
-            jnp.zeros((), flat.dtype)
-            if noise is None
-            else _mean_noise_sd(noise, self._covariance)
-        )
+        mean_sd = _mean_noise_sd(noise, self._covariance, flat.dtype)
         state = NOGINState(
             i=jnp.array(0),
             z=z,
@@ -814,14 +814,10 @@ class NOGIN(_SGKernel):
         )
         flat = aux.z if pre is None else pre.to_z(aux.z)
         est, damping = info.estimate, info.noise_damping
-        mean_sd = (
-            jnp.zeros((), flat.dtype)
-            if est.noise_cov is None
-            else _mean_noise_sd(est.noise_cov, self._covariance)
-        )
+        mean_sd = _mean_noise_sd(est.noise_cov, self._covariance, flat.dtype)
         potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
         ok = (
-            _finite((flat, aux.p, damping))
+            _finite_tree((flat, aux.p, damping))
             & _potential_ok(potential, self._gradient_fn is not None)
             & (state.num_nonfinite == 0)
         )

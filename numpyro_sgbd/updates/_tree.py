@@ -40,3 +40,13 @@ def map_coordinates(fn, rng_key, z, z_grad, step_size, noise_sd):
         treedef.unflatten([o[0] for o in out]),
         treedef.unflatten([o[1] for o in out]),
     )
+
+
+def tree_mean(tree):
+    """The mean of every entry of every leaf of ``tree`` (NaN when it holds
+    none, e.g. a model with no latent sites)."""
+    leaves = jax.tree.leaves(tree)
+    size = sum(jnp.size(x) for x in leaves)
+    if size == 0:
+        return jnp.array(jnp.nan, jnp.result_type(float))
+    return sum(jnp.sum(x) for x in leaves) / size

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from numpyro_sgbd.updates._tree import tree_mean
 from numpyro_sgbd.updates.barker import barker_step
 from numpyro_sgbd.updates.langevin import langevin_step
 
@@ -54,12 +55,8 @@ def position_init(z, rng_key=None):
 def fraction(flags):
     """The fraction of true leaves' entries in a pytree of booleans, as a float
     (NaN when the tree holds no entries)."""
-    leaves = jax.tree.leaves(flags)
-    size = sum(jnp.size(x) for x in leaves)
     dtype = jnp.result_type(float)
-    if size == 0:
-        return jnp.array(jnp.nan, dtype)
-    return sum(jnp.sum(x.astype(dtype)) for x in leaves) / size
+    return tree_mean(jax.tree.map(lambda x: x.astype(dtype), flags))
 
 
 def barker_update(
