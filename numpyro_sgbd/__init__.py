@@ -4,7 +4,7 @@
 from numpyro_sgbd import _arviz  # noqa: F401
 from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
 from numpyro_sgbd.criticism import from_numpyro, full_data_log_likelihood
-from numpyro_sgbd.diagnostics import ksd, posterior_ksd
+from numpyro_sgbd.diagnostics import fssd, ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
 from numpyro_sgbd.handlers import full_batch
 from numpyro_sgbd.kernel import Centre, SGState
@@ -20,6 +20,7 @@ from numpyro_sgbd.samplers import (
     NOGINState,
     Recipe,
 )
+from numpyro_sgbd.tuning import TuneResult, tune
 
 __version__ = "0.1.0"
 
@@ -41,11 +42,14 @@ __all__ = [
     "full_batch",
     "full_batch_scores",
     "full_data_log_likelihood",
+    "fssd",
     "ksd",
     "plot_marginals",
     "posterior_ksd",
     "PosteriorMode",
     "posterior_mode",
     "reference_posterior",
+    "tune",
+    "TuneResult",
     "__version__",
 ]

@@ -3,14 +3,15 @@ package touches a plate's indices is here.
 
 :class:`full_batch` widens each subsample plate to all its data (the exact model),
 :class:`fix_plates` gives named plates given indices (a minibatch, a chunk), and
-:class:`SubsamplePlates` records a model's subsample plates while tracing it.
+:class:`SubsamplePlates` records a model's subsample plates while tracing it, and
+:class:`subsample_size` sets a plate's minibatch size without editing the model.
 """
 
 import jax
 import jax.numpy as jnp
 from numpyro.primitives import Messenger
 
-__all__ = ["SubsamplePlates", "fix_plates", "full_batch"]
+__all__ = ["SubsamplePlates", "fix_plates", "full_batch", "subsample_size"]
 
 
 class full_batch(Messenger):
@@ -57,6 +58,52 @@ class fix_plates(Messenger):
             idx = self.indices[msg["name"]]
             msg["value"] = idx
             msg["args"] = (msg["args"][0], jnp.shape(idx)[0])
+
+
+class subsample_size(Messenger):
+    """Set the ``subsample_size`` of named plates: inside the handler
+    ``numpyro.plate(name, N, subsample_size=n)`` behaves as if written with
+    ``subsample_size=sizes[name]``, so one model serves several minibatch sizes (as
+    :func:`~numpyro_sgbd.tune` compares them).
+
+    :param fn: a NumPyro model.
+    :param dict sizes: ``{plate name: subsample size}``, each an int in ``[1, N)``
+        (checked when the plate is reached, where N is known).
+
+    >>> import numpyro
+    >>> from numpyro import handlers
+    >>> def model():
+    ...     with numpyro.plate("data", 10, subsample_size=3) as idx:
+    ...         numpyro.deterministic("idx", idx)
+    >>> seeded = handlers.seed(subsample_size(model, {"data": 5}), 0)
+    >>> handlers.trace(seeded).get_trace()["idx"]["value"].shape
+    (5,)
+    """
+
+    def __init__(self, fn=None, sizes=None):
+        if not isinstance(sizes, dict) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1
+            for n in sizes.values()
+        ):
+            raise ValueError(
+                "sizes must be a dict {plate name: positive int}, got "
+                f"{sizes!r}."
+            )
+        self.sizes = dict(sizes)
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] != "plate" or msg["name"] not in self.sizes:
+            return
+        size = msg["args"][0]
+        n = self.sizes[msg["name"]]
+        if n >= size:
+            raise ValueError(
+                f"subsample_size {n} for plate '{msg['name']}' must be below its "
+                f"size {size}; for the full data drop the plate from sizes."
+            )
+        msg["args"] = (size, n)
+        msg["value"] = None  # drawn by NumPyro, or given by a handler outside
 
 
 class SubsamplePlates(Messenger):

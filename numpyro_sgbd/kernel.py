@@ -685,6 +685,20 @@ class _SGKernel(MCMCKernel):
             seconds - (searched - start),
         )
 
+    def _adopt_setup(self, other):
+        """Take ``other``'s mode, preconditioner and control-variate centre (what
+        ``init`` computed from the same data), so that this kernel's ``init`` on
+        those data searches for none of them again. For kernels of one model
+        that differ in the sampler, its hyperparameters or a plate's subsample
+        size (the full-data mode and gradient do not depend on those)."""
+        self._preconditioner_cache = other._preconditioner_cache
+        self.preconditioner = other.preconditioner
+        self._mode = other._mode
+        self.adaptation_info = other.adaptation_info
+        self._centre_cache = other._centre_cache
+        self.centre_info = other.centre_info
+        self._init_fns = {}
+
     def _check_probe(self, probe, one_z):
         """Validate the shapes of a gradient estimate (before compiling)."""
 

@@ -1,0 +1,246 @@
+"""MAMBA (`numpyro_sgbd.tune`): successive halving over arms under a time budget.
+
+One conjugate model serves every test: y_i ~ N(mu, 1), mu ~ N(0, 10^2), N = 4000,
+so the posterior is N(ybar N / (N + 0.01), 1 / (N + 0.01)) and, in the whitened
+coordinates the arms run in, N(0, 1) up to the Laplace approximation (exact here).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import MCMC
+import pytest
+
+from numpyro_sgbd import tune
+from numpyro_sgbd.tuning import Arm, _Draws, _num_rounds
+
+N = 4000
+
+
+def model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=64) as idx:
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+
+@pytest.fixture(scope="module")
+def y():
+    return 0.5 + jax.random.normal(jax.random.key(3), (N,))
+
+
+def exact_posterior(y):
+    precision = N + 1.0 / 100.0
+    return float(jnp.sum(y)) / precision, 1.0 / math.sqrt(precision)
+
+
+def test_num_rounds_is_floor_log_eta():
+    assert [_num_rounds(m, 3) for m in (1, 2, 3, 8, 9, 26, 27, 28)] == [
+        1,
+        1,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+    ]
+    assert _num_rounds(8, 2) == 3
+
+
+def test_draws_thin_evenly_as_they_grow():
+    """The stride doubles when too many records are kept, and the kept records are
+    those whose index is a multiple of the stride, so they stay equally spaced."""
+    draws = _Draws(limit=10)
+    for start in range(0, 50, 7):
+        rows = np.arange(start, min(start + 7, 50), dtype=float)[:, None]
+        draws.add(rows, None)
+    assert draws.count == 50
+    assert draws.stride == 8
+    np.testing.assert_array_equal(draws.index, np.arange(0, 50, 8))
+    x, _ = draws.take(3)
+    np.testing.assert_array_equal(x[:, 0], [0.0, 24.0, 48.0])
+
+
+def test_tune_finds_the_exact_arm_and_survives_a_blown_up_one(y):
+    """NOGIN is exact for a Gaussian posterior whatever its step below 2 in units
+    of the posterior sd (Matthews & Weare, Lemma 4.2), here with small gradient
+    noise (n = 1000 of 4000). Of three arms, h = 0.5 is inside that range, h =
+    1e-4 barely leaves its start in the budget, and SGLD with sigma = 8 is far
+    outside its stable range (sigma^2 / 2 < 2 in units of the posterior sd): its
+    chain overflows and the kernel's guard stops it. tune must pick NOGIN's 0.5,
+    report the blown-up arm as non-finite with an infinite discrepancy, and charge
+    the budget across the arms; the winner's kernel then samples the exact
+    posterior (mean within 4 Monte Carlo standard errors).
+
+    Injected bug: ranking arms by the largest discrepancy picks 1e-4 (fails, as
+    does the halving test below). The scores' sign and pullback are checked by
+    test_full_scores_are_the_model_scores_in_whitened_coordinates: flipping the
+    sign here still let the KSD pick 0.5 (the draws' spread alone separates these
+    arms), so this test does not cover it."""
+    result = tune(
+        model,
+        y,
+        budget=3.0,
+        samplers=["NOGIN", "SGLD"],
+        gradients=["minibatch"],
+        subsample_sizes=[1000],
+        step_sizes={"NOGIN": [0.5, 1e-4], "SGLD": [8.0]},
+        rng_key=jax.random.key(0),
+    )
+    assert result.arm == Arm("NOGIN", "minibatch", 1000, 0.5)
+    table = result.table.set_index("step_size")
+    assert table.loc[8.0, "status"] == "non-finite"
+    assert math.isinf(table.loc[8.0, "discrepancy"])
+    assert table.loc[0.5, "status"] == "winner"
+    assert table.loc[0.5, "discrepancy"] < table.loc[1e-4, "discrepancy"]
+    # One round of three arms: each is charged about a third of the budget (the
+    # last call of a group may overrun by one record).
+    assert result.rounds == 1
+    assert table["seconds"].sum() == pytest.approx(3.0, rel=0.2)
+    assert set(result.seconds) == {"setup", "compile", "sampling", "scoring", "total"}
+
+    mcmc = MCMC(result.kernel, num_warmup=100, num_samples=4000, progress_bar=False)
+    mcmc.run(jax.random.key(1), y)
+    mu = np.asarray(mcmc.get_samples()["mu"])
+    mean, sd = exact_posterior(y)
+    ess = float(numpyro.diagnostics.effective_sample_size(mu[None]))
+    assert abs(mu.mean() - mean) < 4 * sd / math.sqrt(ess)
+    assert result.kernel._step_size_arg == 0.5
+
+
+def test_full_scores_are_the_model_scores_in_whitened_coordinates():
+    """The score tune rates draws by, at u, is L' times the full-data score of
+    the model at z = z_hat + L u (``full_batch_scores``, which autodiffs NumPyro's
+    potential over all rows). A two-coordinate model with a constrained site, so
+    L is not diagonal and the Jacobian term counts. Injected bugs: the sign
+    flipped, and the pullback L' left out: both fail."""
+    from numpyro_sgbd import SGLD, full_batch_scores
+    from numpyro_sgbd.modes import full_data_objective
+    from numpyro_sgbd.tuning import _full_scores
+
+    def regression(x, y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+        with numpyro.plate("data", x.shape[0], subsample_size=16) as idx:
+            numpyro.sample("y", dist.Normal(w * x[idx], s), obs=y[idx])
+
+    kx, ky = jax.random.split(jax.random.key(5))
+    x = jax.random.normal(kx, (300,))
+    y = 0.7 * x + 0.5 * jax.random.normal(ky, (300,))
+    kernel = SGLD(regression, preconditioner="dense")
+    kernel.init(jax.random.key(0), 0, None, (x, y), {})
+    pre = kernel.preconditioner
+    assert abs(float(pre.matrix[0, 1])) > 0  # a correlated posterior
+    us = jax.random.normal(jax.random.key(1), (4, 2))
+    objective = full_data_objective(regression, (x, y), {}, chunk_size=64)
+    got = _full_scores(objective, pre, us)
+    zs = jax.vmap(pre.to_z)(us)  # flat, sites in sorted order: s, w
+    samples = {"s": jnp.exp(zs[:, 0]), "w": zs[:, 1]}
+    _, score = full_batch_scores(regression, samples, x, y)
+    expected = jnp.stack([score["s"], score["w"]], axis=1) @ pre.matrix
+    np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-3)
+
+
+def test_successive_halving_keeps_the_best_third(y):
+    """Nine arms, eta = 3: two rounds; three arms survive round 0 (the three
+    lowest discrepancies), one wins round 1, and the arms of round 1 have run
+    longer than in round 0. Step sizes spread from useless to good; SGLD with
+    control variates (the noise is tiny) and scored by FSSD this time."""
+    steps = [0.4, 0.2, 0.1, 0.03, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4]
+    result = tune(
+        model,
+        y,
+        budget=6.0,
+        samplers=["SGLD"],
+        gradients=["control_variates"],
+        subsample_sizes=[64],
+        step_sizes=steps,
+        metric="fssd",
+        rng_key=jax.random.key(2),
+    )
+    table = result.table
+    assert result.rounds == 2
+    first = table[table["round"] == 0]
+    second = table[table["round"] == 1]
+    assert len(first) == 9 and len(second) == 3
+    best3 = first.nsmallest(3, "discrepancy")["step_size"]
+    assert set(second["step_size"]) == set(best3)
+    assert set(first.loc[first["status"] == "kept", "step_size"]) == set(best3)
+    assert (second["seconds"].to_numpy() > first["seconds"].max()).all()
+    winner = second.loc[second["discrepancy"].idxmin()]
+    assert result.arm.step_size == winner["step_size"]
+    assert result.arm.step_size >= 0.03
+    # r_0 = T / (9 * 2) each, then r_1 = T / (3 * 2) more for the survivors.
+    assert first["seconds"].median() == pytest.approx(6.0 / 18, rel=0.3)
+
+
+def test_minibatch_scores_and_one_arm_at_a_time(y, tmp_path):
+    """The stochastic KSD (minibatch scores at the recorded draws) ranks the
+    same two arms as the full-data one, with each arm run alone
+    (vectorize=False); the plot is written."""
+    pytest.importorskip("matplotlib")
+    result = tune(
+        model,
+        y,
+        budget=2.0,
+        samplers=["SGBD"],
+        gradients=["control_variates"],
+        subsample_sizes=[32],
+        step_sizes=[0.5, 1e-4],
+        scores="minibatch",
+        vectorize=False,
+    )
+    assert result.arm.step_size == 0.5
+    ax = result.plot()
+    ax.figure.savefig(tmp_path / "rounds.png")
+    assert (tmp_path / "rounds.png").stat().st_size > 0
+
+
+def test_a_budget_too_small_names_the_minimum(y):
+    with pytest.raises(ValueError, match=r"Pass budget >= [0-9.]+ s"):
+        tune(
+            model,
+            y,
+            budget=1e-5,
+            samplers=["SGLD"],
+            gradients=["minibatch"],
+            subsample_sizes=[64],
+            step_sizes=[0.1],
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(budget=0), "budget must be a positive number"),
+        (dict(budget=1, metric="mmd"), "metric must be one of"),
+        (dict(budget=1, eta=1), "eta must be an int >= 2"),
+        (dict(budget=1, samplers=["HMC"]), "unknown sampler 'HMC'"),
+        (dict(budget=1, samplers=[dist.Normal]), "is not one of"),
+        (dict(budget=1, step_sizes=[0.1, -1.0]), "step_sizes for SGBD must be"),
+        (dict(budget=1, step_sizes={"SGLD": [0.1]}), "not among the samplers"),
+        (dict(budget=1, gradients=["exact"]), "gradients must be a non-empty"),
+        (dict(budget=1, subsample_sizes=[N]), r"ints in \[1, 4000\)"),
+        (dict(budget=1, num_draws=3), "num_draws must be an int >= 10"),
+        (dict(budget=1, scores="exact"), "scores must be one of"),
+        (dict(budget=1, preconditioner="none"), "preconditioner must be"),
+    ],
+)
+def test_bad_arguments_raise_before_any_work(y, kwargs, match):
+    kwargs.setdefault("samplers", ["SGBD"])
+    with pytest.raises(ValueError, match=match):
+        tune(model, y, **kwargs)
+
+
+def test_a_model_without_a_subsample_plate_is_refused():
+    def full(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        with numpyro.plate("data", y.shape[0]):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    with pytest.raises(ValueError, match="no subsample plate"):
+        tune(full, jnp.zeros(10), budget=1.0)
