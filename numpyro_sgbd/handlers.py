@@ -86,8 +86,7 @@ class subsample_size(Messenger):
             for n in sizes.values()
         ):
             raise ValueError(
-                "sizes must be a dict {plate name: positive int}, got "
-                f"{sizes!r}."
+                f"sizes must be a dict {{plate name: positive int}}, got {sizes!r}."
             )
         self.sizes = dict(sizes)
         super().__init__(fn)

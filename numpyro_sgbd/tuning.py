@@ -196,13 +196,14 @@ def _positive_int(value, name, minimum=1):
 
 def _step_grid(step_sizes, name, factory):
     """The step sizes of one sampler: given (a sequence, or a dict by sampler
-    name), or ``target * 4**-k`` for k = 0..4 from the sampler's step target."""
+    name), or ``target`` times 2, 1, 1/4, 1/16 and 1/64, from the sampler's step
+    target."""
     if isinstance(step_sizes, dict):
         step_sizes = step_sizes.get(name)
     if step_sizes is None:
         cls = factory.func if isinstance(factory, functools.partial) else factory
         target = float(cls._STEP_TARGET)
-        return tuple(float(target * 4.0**-k) for k in range(5))
+        return tuple(float(target * f) for f in (2.0, 1.0, 0.25, 0.0625, 0.015625))
     grid = tuple(np.atleast_1d(np.asarray(step_sizes, dtype=float)).tolist())
     if not grid or not all(np.isfinite(h) and h > 0 for h in grid):
         raise ValueError(
@@ -312,7 +313,7 @@ def tune(
     takes its step size in u, where the posterior has unit scale. The discrepancy is
     taken in u as well, with the score :math:`L^\top \nabla_z \log\pi`, so the IMQ
     kernel's unit length fits every model. Default step sizes are the sampler's
-    ``step_size=None`` target times :math:`4^{-k}`, k = 0..4; default subsample
+    ``step_size=None`` target times 2, 1, 1/4, 1/16 and 1/64; default subsample
     sizes are the plate's declared n, n / 10 and 10 n (within [2, N)).
 
     **Time.** In round 0 the arms of one sampler, estimator and subsample size run
@@ -610,15 +611,15 @@ def tune(
             g.compiled[len(g.arms)] = fn
         seconds["compile"] += time.perf_counter() - t0
 
-    # Compile every group and time two records of each (uncharged), so a budget
+    # Compile every group and time four records of each (uncharged), so a budget
     # too small for round 0 is refused before any arm runs.
     compile_all()
     per_record = {}
     for group in groups:
         fn = group.compiled[len(group.arms)]
         t1 = time.perf_counter()
-        jax.block_until_ready(fn(group.state, 2, arrays))
-        per_record[id(group)] = (time.perf_counter() - t1) / 2
+        jax.block_until_ready(fn(group.state, 4, arrays))
+        per_record[id(group)] = (time.perf_counter() - t1) / 4
     seconds["compile"] = time.perf_counter() - t0
     num_alive = sum(len(g.arms) for g in groups)
     if not num_alive:
@@ -631,7 +632,9 @@ def tune(
     slowest = max(per_record[id(g)] / len(g.arms) for g in groups)
     needed = MIN_DRAWS * slowest
     if r0 < needed:
-        minimum = needed * num_alive * rounds
+        # Timed on four records: ask for half as much again, so that a retry on
+        # a machine whose load changes is not refused again.
+        minimum = 1.5 * needed * num_alive * rounds
         raise ValueError(
             f"budget={budget:g} s gives each of the {num_alive} arms {r0:.3g} s in "
             f"round 0 of {rounds}, but the slowest arm needs {needed:.3g} s for "
