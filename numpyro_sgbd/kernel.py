@@ -1588,6 +1588,19 @@ class _FamilyKernel(_SGKernel):
         moved = self._adapt_step(self._adapt_scale(moved))
         return _guard(ok, moved, state, rng_key)
 
+    def _noise_bound(self, noise_sd, batch_ndim=0):
+        """``(tau, value)`` for the corrected variant's bound ``step * tau^2 <= 2 *
+        value`` (recipe paper, eq. 9): ``tau`` the largest noise sd of the
+        minibatch gradient, one per chain over the leading ``batch_ndim`` axes,
+        and ``value`` the smallest entry of the diffusion hyperparameter."""
+        leaves = [np.asarray(x) for x in jax.tree.leaves(noise_sd)]
+        lead = leaves[0].shape[:batch_ndim]
+        flat = np.concatenate([x.reshape(lead + (-1,)) for x in leaves], axis=-1)
+        tau = np.max(flat, axis=-1)
+        name = self._NOISE_DIFFUSION
+        value = min(float(np.min(x)) for x in jax.tree.leaves(self._step_kwargs[name]))
+        return tau, value
+
     def _check_initial_noise(self, state):
         """With a given step and the corrected variant: raise before sampling when
         the first minibatch's noise already breaks ``2 D >= eps tau^2``."""
@@ -1595,10 +1608,10 @@ class _FamilyKernel(_SGKernel):
             return
         if _has_tracer(state.noise_sd):
             return
-        tau = max(float(np.max(x)) for x in jax.tree.leaves(state.noise_sd))
+        tau, value = self._noise_bound(state.noise_sd)
+        tau = float(tau)
         step = max(float(np.max(x)) for x in jax.tree.leaves(self._step_size))
         name = self._NOISE_DIFFUSION
-        value = min(float(np.min(x)) for x in jax.tree.leaves(self._step_kwargs[name]))
         if step * tau**2 > 2 * value:
             raise ValueError(
                 f"{type(self).__name__}: {name}={value:.3g} is smaller than the "

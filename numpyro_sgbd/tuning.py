@@ -782,21 +782,12 @@ def _full_scores(objective, pre, xs):
 
 def _within_noise_bound(kernel, state, steps):
     """Per chain: whether its step keeps the corrected variant's injected variance
-    positive at the start, ``step * tau^2 <= 2 D`` (recipe paper, eq. 9), as a
-    kernel given that step would check in ``init``; always true for samplers
-    without such a bound."""
-    name = getattr(kernel, "_NOISE_DIFFUSION", None)
-    if name is None or state.noise_sd is None:
+    positive at the start, the check a kernel given that step makes in ``init``;
+    always true for samplers without such a bound."""
+    if getattr(kernel, "_NOISE_DIFFUSION", None) is None or state.noise_sd is None:
         return [True] * len(steps)
-    tau = np.max(np.asarray(ravel_noise(state.noise_sd)), axis=-1)
-    value = min(float(np.min(x)) for x in jax.tree.leaves(kernel._step_kwargs[name]))
+    tau, value = kernel._noise_bound(state.noise_sd, batch_ndim=1)
     return list(np.asarray(steps) * tau**2 <= 2 * value)
-
-
-def ravel_noise(noise_sd):
-    leaves = jax.tree.leaves(noise_sd)
-    k = leaves[0].shape[0]
-    return np.concatenate([np.asarray(x).reshape(k, -1) for x in leaves], axis=1)
 
 
 def _run_group(group, r, fn, arrays, per_record, draws, charged, steps, thinning):

@@ -200,6 +200,44 @@ def test_minibatch_scores_and_one_arm_at_a_time(y, tmp_path):
     assert (tmp_path / "rounds.png").stat().st_size > 0
 
 
+def test_an_sghmc_arm_that_breaks_the_noise_bound_is_reported(y):
+    """Corrected SGHMC needs step * tau^2 <= 2 * friction (recipe paper, eq. 9).
+    With n = 1000 of 4000 plain minibatch gradients tau is about 2 in u, so h = 5
+    breaks the bound at the start and h = 0.05 keeps it: tune reports the first as
+    "noise bound" with an infinite discrepancy and picks the second, and a kernel
+    built with h = 5 refuses the same start in ``init``: both read one check.
+
+    Injected bug: flipping the comparison in ``_within_noise_bound`` reports h =
+    0.05 instead (fails)."""
+    from numpyro_sgbd import SGHMC
+    from numpyro_sgbd.handlers import subsample_size
+
+    result = tune(
+        model,
+        y,
+        budget=1.0,
+        samplers=["SGHMC"],
+        gradients=["minibatch"],
+        subsample_sizes=[1000],
+        step_sizes=[0.05, 5.0],
+        rng_key=jax.random.key(0),
+    )
+    table = result.table.set_index("step_size")
+    assert table.loc[5.0, "status"] == "noise bound"
+    assert math.isinf(table.loc[5.0, "discrepancy"])
+    assert result.arm.step_size == 0.05
+    kernel = SGHMC(
+        subsample_size(model, {"data": 1000}),
+        step_size=5.0,
+        variant="corrected",
+        gradient="minibatch",
+        preconditioner=result.kernel.preconditioner.form,
+    )
+    kernel._adopt_setup(result.kernel)
+    with pytest.raises(ValueError, match="recipe paper, eq. 9"):
+        kernel.init(jax.random.key(0), 0, None, (y,), {})
+
+
 def test_a_budget_too_small_names_the_minimum(y):
     with pytest.raises(ValueError, match=r"Pass budget >= [0-9.]+ s"):
         tune(
