@@ -20,8 +20,8 @@ hyperparameters:
   sampler's ``step_size=None`` target in the whitened coordinates u, the target,
   and a geometric grid below it; see :func:`~numpyro_sgbd.tuning.tune`), eta = 3 and
   the kernel Stein discrepancy as the metric, under a budget of ``--tune-budget``
-  seconds (default 150: at N = 10^6 an arm at 10 % needs about 100 s of the
-  budget for round 0 to record its 10 draws; where tune refuses a budget as too
+  seconds (default 160: at N = 10^6 tune names a minimum of about 155 s, for
+  an arm at 10 % of N to record its 10 draws in round 0; where tune refuses a budget as too
   small the run retries with 1.5 times the budget it names, recorded in
   ``tune_budget``); then ``result.kernel``, the winner, is run for
   ``--sample-seconds`` (default 10, as the paper).
@@ -71,10 +71,10 @@ kernel, its warmup's wall time (mode search and compilation included) in
 
 Usage::
 
-    # The full table: about 2.5 hours on 2 busy cores (estimated from runs at
-    # N = 100,000: 20 tunes of about 4 minutes each, 150 s of budget and 1.5
-    # minutes of setup, compiling and full-data scoring; 30 timed runs of about
-    # half a minute; NUTS about 40 minutes, cached in --cache-dir for reruns).
+    # The full table: about 1 h 45 min on 2 quiet cores (measured at N = 10^6:
+    # about 7.5 minutes a row, two tunes of 160 s budget and 40 s of setup,
+    # compiling and scoring each, three timed runs; NUTS's 2 x 11,000 steps about
+    # half an hour, from 2 x 2,000 in 323 s, cached in --cache-dir for reruns).
     python examples/mamba_logistic.py --out out/mamba_logistic
     # N = 20,000, SGLD-minibatch and SGBD-control-variates only, budgets of 2 s:
     # 4 to 6 minutes on 2 busy cores (tune's fixed costs dominate)
@@ -562,7 +562,7 @@ def parse_args(argv=None):
     defaults = dict(
         num_data=20_000 if quick else 1_000_000,
         rows=QUICK_ROWS if quick else ROWS,
-        tune_budget=2.0 if quick else 150.0,
+        tune_budget=2.0 if quick else 160.0,
         sample_seconds=2.0 if quick else 10.0,
         eta=2 if quick else 3,
         num_warmup=300 if quick else 1000,
