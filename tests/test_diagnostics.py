@@ -41,6 +41,8 @@ def _gaussian_draws(seed, m, d=2, shift=0.0, scale=1.0):
     return x, -x  # scores of the N(0, I) target
 
 
+# 39 s; test_stein checks the same kernel against its own double loop in CI.
+@pytest.mark.slow
 def test_ksd_equals_naive_double_loop():
     kx, ks = random.split(random.key(0))
     x = 3.0 + random.normal(kx, (25, 3))

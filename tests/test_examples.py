@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 
+@pytest.mark.slow  # 67-88 s in CI's run
 def test_fertility_quick(tmp_path, load_example):
     """The Fertility demo writes a complete, finite table and a figure, and its
     default SGBD (``SGBD(model)``: adapted in warmup, nothing tuned) agrees with
@@ -109,6 +110,7 @@ def test_nogin_fashion_mnist_is_skipped_with_a_message_without_its_data(
     assert not (tmp_path / "nogin_fashion-mnist.png").exists()
 
 
+@pytest.mark.slow  # 67-88 s in CI's run
 def test_control_variates_example_small(tmp_path, load_example):
     """The control-variates example at N = 20,000, n = 100, 5,000 steps. Seeds 0-2:
     with control variates xi against the Laplace approximation 0.023-0.049 and
@@ -186,6 +188,7 @@ def test_heavy_tailed_noise_quick(tmp_path, load_example):
         assert abs(bias["SGBD", law, 0.5, 0.0]) < 0.2, bias
 
 
+@pytest.mark.slow  # 67-88 s in CI's run
 def test_momentum_samplers_quick(tmp_path, load_example):
     """The momentum-samplers example (``--quick``: 2,000 CPS 1988 rows, n = 50,
     400 + 4,000 steps per SG kernel, NUTS 2 x (300 + 500)) writes its figure and a
