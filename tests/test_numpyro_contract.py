@@ -90,7 +90,7 @@ KERNELS = {
 # cases there; they share the adapter that the contract exercises, and their own
 # updates are tested in test_kernels and test_samplers. With -m slow every case
 # runs for every kernel, the round-two kernels (SGHMC, SGNHT, Recipe) included.
-# The whole cross product took 24 of CI's 60 minutes.
+# Running all three on every case took 24 of the default run's 60 minutes.
 _IN_TURN = ("SGBD", "SGLD", "NOGIN")
 _turn = itertools.count()
 
