@@ -20,6 +20,7 @@ from numpyro_sgbd.samplers import (
     NOGINState,
     Recipe,
 )
+from numpyro_sgbd.sharding import shard_data
 from numpyro_sgbd.tuning import TuneResult, tune
 
 __version__ = "0.1.0"
@@ -49,6 +50,7 @@ __all__ = [
     "PosteriorMode",
     "posterior_mode",
     "reference_posterior",
+    "shard_data",
     "tune",
     "TuneResult",
     "__version__",

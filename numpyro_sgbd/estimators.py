@@ -22,7 +22,7 @@ from numpyro.handlers import substitute
 from numpyro.infer.initialization import init_to_median
 from numpyro.infer.util import _unconstrain_reparam, log_density
 
-from numpyro_sgbd.handlers import fix_plates
+from numpyro_sgbd.handlers import fix_plates, shard_local
 
 __all__ = [
     "Centre",
@@ -343,6 +343,10 @@ class MinibatchEstimator(Estimator):
         ``pull``): the gradient, the per-datum gradients behind the noise
         statistics, and :meth:`full_data`'s gradient are then returned flat, in the
         coordinates u of ``z = z_hat + L u`` (positions stay in z).
+    :param sharding: ``None``, or the
+        :class:`~numpyro_sgbd.sharding.DataSharding` of the model's data: every
+        estimate and full-data pass then runs shard by shard
+        (:meth:`map_shards`).
     """
 
     def __init__(
@@ -355,6 +359,7 @@ class MinibatchEstimator(Estimator):
         covariance=None,
         per_datum="vmap",
         pullback=None,
+        sharding=None,
     ):
         if per_datum not in ("vmap", "jacobian"):
             raise ValueError(
@@ -378,6 +383,20 @@ class MinibatchEstimator(Estimator):
         self.covariance = covariance
         self.per_datum = per_datum
         self.pullback = pullback
+        self.sharding = sharding
+        #: The estimator on one shard (``None`` without sharding).
+        self.local = None
+        if sharding is not None:
+            ((name, (_, _, dim)),) = self.plates.items()
+            self.local = MinibatchEstimator(
+                shard_local(model, name, sharding.local_size, sharding.num_shards),
+                {name: (sharding.local_size, sharding.local_subsample_size, dim)},
+                noise=noise,
+                replace=resolve_replace(replace, *sharding[5:7]),
+                covariance=covariance,
+                per_datum=per_datum,
+                pullback=pullback,
+            )
 
     def _pull(self, grad, per_datum_grads=None):
         """Gradients in u (flat) where there is a pullback; unchanged otherwise."""
@@ -440,11 +459,50 @@ class MinibatchEstimator(Estimator):
         # NumPy data cannot be indexed by the traced minibatch indices (X[idx]);
         # as JAX arrays they can, and jit embeds them as it would anyway.
         model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
-        indices = self.draw(rng_key)
-        value, grad, per_datum_grads = self.evaluate(
-            z, indices, model_args, model_kwargs
+        return self.map_shards(
+            lambda est, idx, z, args, kwargs: est.evaluate(z, idx, args, kwargs),
+            rng_key,
+            z,
+            model_args,
+            model_kwargs,
         )
-        return self.summarise(value, grad, per_datum_grads)
+
+    def map_shards(self, local, rng_key, operand, model_args, model_kwargs):
+        """The :class:`GradientEstimate` of ``local(estimator, indices, operand,
+        model_args, model_kwargs) -> (value, grad, per_datum_grads)`` (as
+        :meth:`evaluate` returns) on minibatch indices drawn from ``rng_key``.
+
+        Without sharding this is ``local`` on this estimator's indices, summarised.
+        With it, each shard k runs ``local`` on the per-shard estimator
+        (:attr:`local`: its own N/K rows, the prior weighted 1/K) with n/K indices
+        drawn by the key ``fold_in(rng_key, k)``, inside :func:`jax.shard_map`;
+        the shards' potentials, gradients and noise statistics are summed in one
+        all-reduce (:meth:`summarise`). The estimate is stratified, n/K rows from
+        each shard, so its noise variance is the sum of the shards' (SPEC:
+        sharded data). ``operand`` (positions) and the result are replicated.
+        """
+        if self.sharding is None:
+            parts = local(self, self.draw(rng_key), operand, model_args, model_kwargs)
+            return self.summarise(*parts)
+        sharding = self.sharding
+        arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
+        axis = sharding.axis
+
+        def on_shard(rng_key, operand, arrays):
+            args, kwargs = rebuild(arrays)
+            est = self.local
+            key = random.fold_in(rng_key, jax.lax.axis_index(axis))
+            parts = local(est, est.draw(key), operand, args, kwargs)
+            return est.summarise(*parts, axis_name=axis)
+
+        P = jax.sharding.PartitionSpec
+        return jax.shard_map(
+            on_shard,
+            mesh=sharding.mesh,
+            in_specs=(P(), P(), list(sharding.specs)),
+            out_specs=P(),
+            check_vma=False,
+        )(rng_key, operand, arrays)
 
     def evaluate(self, z, indices, model_args, model_kwargs):
         """``(potential, its gradient, per-datum gradients or None)`` at ``z`` on
@@ -495,10 +553,24 @@ class MinibatchEstimator(Estimator):
         per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
         return jnp.mean(values), grad, per_datum_grads
 
-    def summarise(self, value, grad, per_datum_grads):
+    def summarise(self, value, grad, per_datum_grads, axis_name=None):
         """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
         noise statistics of the n per-datum gradients (rows of
-        ``per_datum_grads``) where asked for."""
+        ``per_datum_grads``) where asked for.
+
+        ``axis_name``: inside :func:`jax.shard_map`, these are one shard's parts;
+        the potentials, gradients and noise variances (per coordinate, or the
+        covariance) of the shards are summed over that mesh axis, and a low-rank
+        factor's columns gathered from every shard (its n/K centred rows each).
+        """
+        if axis_name is None:
+            total = gather = lambda x: x  # noqa: E731
+        else:
+            total = partial(jax.lax.psum, axis_name=axis_name)
+            gather = partial(
+                jax.lax.all_gather, axis_name=axis_name, axis=1, tiled=True
+            )
+        value, grad = total((value, grad))
         if not self.noise:
             return GradientEstimate(grad, None, value)
         if not self.plates:
@@ -506,7 +578,12 @@ class MinibatchEstimator(Estimator):
         ((size, n, _),) = self.plates.values()
         factor = noise_variance_factor(size, n, replace=self.replace)
         noise_sd = jax.tree.map(
-            lambda g: jnp.sqrt(factor * jnp.var(g, axis=0, ddof=1)), per_datum_grads
+            jnp.sqrt,
+            total(
+                jax.tree.map(
+                    lambda g: factor * jnp.var(g, axis=0, ddof=1), per_datum_grads
+                )
+            ),
         )
         if self.covariance is None:
             return GradientEstimate(grad, noise_sd, value)
@@ -514,11 +591,13 @@ class MinibatchEstimator(Estimator):
             [g.reshape(n, -1) for g in jax.tree.leaves(per_datum_grads)], axis=1
         )  # (n, d), columns in ravel_pytree's order
         if self.covariance == "diag":
-            cov = factor * jnp.var(flat, axis=0, ddof=1)
+            cov = total(factor * jnp.var(flat, axis=0, ddof=1))
         else:
             cov = jnp.sqrt(factor / (n - 1)) * (flat - flat.mean(0)).T  # C, (d, n)
             if self.covariance == "full":
-                cov = cov @ cov.T
+                cov = total(cov @ cov.T)
+            else:
+                cov = gather(cov)
         return GradientEstimate(grad, noise_sd, value, cov)
 
     def full_data(self, z, model_args=(), model_kwargs=None, *, chunk_size=4096):
@@ -540,8 +619,32 @@ class MinibatchEstimator(Estimator):
     def full_data_parts(self, model_args=(), model_kwargs=None, chunk_size=4096):
         """``(run, arrays)``: :meth:`full_data` is ``run(z, arrays)``, jitted, with
         the array leaves of the model arguments as its second argument (so that a
-        caller's own jitted function can pass them through)."""
+        caller's own jitted function can pass them through).
+
+        With sharding, each shard sums its own rows in chunks and one all-reduce
+        adds the shards' sums (the prior counted once, :class:`~numpyro_sgbd.
+        handlers.shard_local`)."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
+        if self.sharding is not None:
+            local_run, arrays = self.local.full_data_parts(
+                model_args, model_kwargs, chunk_size
+            )
+            sharding = self.sharding
+            P = jax.sharding.PartitionSpec
+
+            def on_shard(z, arrays):
+                return jax.lax.psum(local_run(z, arrays), sharding.axis)
+
+            run = jax.jit(
+                jax.shard_map(
+                    on_shard,
+                    mesh=sharding.mesh,
+                    in_specs=(P(), list(sharding.specs)),
+                    out_specs=P(),
+                    check_vma=False,
+                )
+            )
+            return run, arrays
         arrays, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
         ((name, (size, _, _)),) = self.plates.items()
         c = int(min(chunk_size, size))
@@ -603,9 +706,10 @@ class ControlVariateEstimator(Estimator):
     gradients (with per-datum gradients where the noise is needed).
 
     It wraps any minibatch estimator: one with ``plates`` (exactly one subsample
-    plate), ``draw(rng_key)``, ``evaluate(z, indices, ...)`` and
-    ``summarise(value, grad, per_datum)``, such as :class:`MinibatchEstimator`,
-    evaluating it at z and at the centre on the same indices.
+    plate), ``evaluate(z, indices, ...)`` and ``map_shards`` (which draws the
+    indices and summarises, shard by shard where the data are sharded), such as
+    :class:`MinibatchEstimator` or a subclass, evaluating it at z and at the
+    centre on the same indices.
 
     :param estimator: the estimator to wrap; or a NumPyro model, for which the
         wrapped estimator is ``MinibatchEstimator(model, plates, noise=noise,
@@ -675,6 +779,7 @@ class ControlVariateEstimator(Estimator):
     noise = property(lambda self: self.estimator.noise)
     covariance = property(lambda self: self.estimator.covariance)
     pullback = property(lambda self: self.estimator.pullback)
+    sharding = property(lambda self: self.estimator.sharding)
 
     def full_data(self, z, model_args=(), model_kwargs=None, *, chunk_size=4096):
         """The wrapped estimator's exact full-data potential and gradient."""
@@ -703,17 +808,23 @@ class ControlVariateEstimator(Estimator):
         centre, centre_potential, centre_grad = centre
         model_kwargs = {} if model_kwargs is None else model_kwargs
         model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
-        inner = self.estimator
-        indices = inner.draw(rng_key)
-        value, grad, per_datum = inner.evaluate(z, indices, model_args, model_kwargs)
-        value_c, grad_c, per_datum_c = inner.evaluate(
-            centre, indices, model_args, model_kwargs
+
+        def difference(est, indices, points, args, kwargs):
+            # The minibatch parts at z minus those at the centre, same indices.
+            z, centre = points
+            value, grad, per_datum = est.evaluate(z, indices, args, kwargs)
+            value_c, grad_c, per_datum_c = est.evaluate(centre, indices, args, kwargs)
+            if per_datum is not None:
+                per_datum = jax.tree.map(jnp.subtract, per_datum, per_datum_c)
+            return value - value_c, jax.tree.map(jnp.subtract, grad, grad_c), per_datum
+
+        est = self.estimator.map_shards(
+            difference, rng_key, (z, centre), model_args, model_kwargs
         )
-        grad = jax.tree.map(lambda g, gc, g0: g - gc + g0, grad, grad_c, centre_grad)
-        value = value - value_c + centre_potential
-        if per_datum is not None:
-            per_datum = jax.tree.map(jnp.subtract, per_datum, per_datum_c)
-        return inner.summarise(value, grad, per_datum)
+        return est._replace(
+            z_grad=jax.tree.map(jnp.add, est.z_grad, centre_grad),
+            potential_energy=est.potential_energy + centre_potential,
+        )
 
     def estimate(self, rng_key, z, model_args=(), model_kwargs=None, centre=None):
         if centre is None:

@@ -3,15 +3,23 @@ package touches a plate's indices is here.
 
 :class:`full_batch` widens each subsample plate to all its data (the exact model),
 :class:`fix_plates` gives named plates given indices (a minibatch, a chunk), and
-:class:`SubsamplePlates` records a model's subsample plates while tracing it, and
-:class:`subsample_size` sets a plate's minibatch size without editing the model.
+:class:`SubsamplePlates` records a model's subsample plates while tracing it,
+:class:`subsample_size` sets a plate's minibatch size without editing the model, and
+:class:`shard_local` makes the model on one shard of sharded data the shard's share
+of the whole potential.
 """
 
 import jax
 import jax.numpy as jnp
 from numpyro.primitives import Messenger
 
-__all__ = ["SubsamplePlates", "fix_plates", "full_batch", "subsample_size"]
+__all__ = [
+    "SubsamplePlates",
+    "fix_plates",
+    "full_batch",
+    "shard_local",
+    "subsample_size",
+]
 
 
 class full_batch(Messenger):
@@ -124,3 +132,38 @@ class SubsamplePlates(Messenger):
             )
         self.plates[msg["name"]] = (size, n)
         msg["value"] = jnp.arange(n)
+
+
+class shard_local(Messenger):
+    """The model on one of ``num_shards`` equal shards of its data: the potential
+    whose sum over the shards is the model's potential.
+
+    Inside :func:`jax.shard_map` the model's arrays are the shard's ``local_size``
+    rows. Sites in the plate ``name`` get the scale ``local_size / m`` for ``m``
+    given indices (:class:`fix_plates`), whatever size the model declares for the
+    plate (the global N, or ``len(X)``, which is local there); every other site
+    (prior, Jacobian, data outside the plate) is weighted ``1 / num_shards``, so
+    that the sum over the shards counts it once (SPEC: sharded data).
+    """
+
+    def __init__(self, fn, name, local_size, num_shards):
+        self.name = name
+        self.local_size = local_size
+        self.num_shards = num_shards
+        self.declared = None
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "plate" and msg["name"] == self.name:
+            self.declared = msg["args"][0]
+            return
+        if msg["type"] != "sample":
+            return
+        stack = msg.get("cond_indep_stack", [])
+        if any(f.name == self.name for f in stack):
+            # The plate scaled the site by declared / m; the shard's share is
+            # local_size / m.
+            factor = self.local_size / self.declared
+        else:
+            factor = 1.0 / self.num_shards
+        msg["scale"] = factor if msg["scale"] is None else factor * msg["scale"]

@@ -53,6 +53,7 @@ from numpyro_sgbd.modes import (
     hessian,
     search_centre,
 )
+from numpyro_sgbd.sharding import data_sharding
 from numpyro_sgbd.updates._tree import tree_mean
 
 __all__ = ["Centre", "SGState", "family_state", "wall_time"]
@@ -174,6 +175,9 @@ def _warn_nonfinite(i):
 # enough for `wall_time` to place a run's start and end (the tail after the last
 # note is extrapolated at the rate between the last two).
 _CLOCK_EVERY = 256
+#: Data larger than this, compiled into NumPyro's sampling loop as constants
+#: (``jit_model_args=False``), draw a warning naming ``jit_model_args=True``.
+CONSTANT_DATA_WARN_BYTES = 64 * 2**20
 _CLOCK_EVENTS = 8192  # kept per kernel, newest last
 # The stationarity check needs this many thinned sampling draws per run.
 _DRIFT_MIN_POINTS = 16
@@ -796,6 +800,11 @@ class _SGKernel(MCMCKernel):
         }
         self._plate_deterministic = tuple(deterministic)
         self._z_shapes = shapes
+        sharding = (
+            None
+            if _has_tracer((model_args, model_kwargs))
+            else data_sharding(self._plates, model_args, model_kwargs)
+        )
         if self._preconditioner_arg != "none":
             key, arrays = _args_key(model_args, model_kwargs)
             cached = self._preconditioner_cache
@@ -817,6 +826,7 @@ class _SGKernel(MCMCKernel):
             covariance=None if noise_form in (None, "sd") else noise_form,
             replace=self._replace,
             pullback=None if self.preconditioner is None else self.preconditioner.pull,
+            sharding=sharding,
         )
         if self._gradient == "control_variates":
             self._estimator = self._control_variates(
@@ -1100,6 +1110,7 @@ class _SGKernel(MCMCKernel):
         self._drift_points, self._drift_warned = [], False
         self._step_checked = False
         model_kwargs = {} if model_kwargs is None else model_kwargs
+        self._check_closed_over(state, model_args, model_kwargs)
         new_state = self._sample_impl(state, model_args, model_kwargs)
         if self._recentre_every is not None:
             new_state = new_state._replace(
@@ -1141,6 +1152,43 @@ class _SGKernel(MCMCKernel):
         return new_state._replace(
             i=_warn_on_host(due, self._on_host, new_state.i, first_stop, flat, step)
         )
+
+    def _check_closed_over(self, state, model_args, model_kwargs):
+        """While NumPyro traces its sampling loop: data arrays that arrive concrete
+        (``jit_model_args=False``, NumPyro's default, closes over them) become
+        constants of the compiled program, a copy of the data in it and compile
+        time that grows with them. Sharded data cannot work so (each process
+        would need every row); large data draw a warning."""
+        if not _has_tracer(state) or _has_tracer((model_args, model_kwargs)):
+            return
+        arrays = [
+            x
+            for x in jax.tree.leaves((model_args, model_kwargs))
+            if isinstance(x, (np.ndarray, jax.Array))
+        ]
+        if getattr(self._estimator, "sharding", None) is not None:
+            raise ValueError(
+                "The model's data are sharded over devices, but NumPyro's MCMC "
+                "compiles data it closes over into its sampling loop as constants "
+                "(jit_model_args=False, its default), which would gather every "
+                "shard into one program: pass MCMC(..., jit_model_args=True, "
+                "progress_bar=False), which passes the data as arguments and keeps "
+                "each shard on its device (with the bar on, NumPyro passes them "
+                "through a compiled call every step, a copy of the data each)."
+            )
+        nbytes = sum(int(np.size(x)) * np.dtype(x.dtype).itemsize for x in arrays)
+        if nbytes > CONSTANT_DATA_WARN_BYTES:
+            warnings.warn(
+                f"The model's data ({nbytes / 2**20:.0f} MiB) are compiled into "
+                "NumPyro's sampling loop as constants (MCMC's jit_model_args=False, "
+                "its default): compilation takes longer and the program holds a "
+                "copy of the data. Pass MCMC(..., jit_model_args=True, "
+                "progress_bar=False), with the data as JAX arrays (jnp.asarray(X)), "
+                "to pass them as arguments (with the bar on, NumPyro passes them "
+                "through a compiled call every step, a copy of the data each).",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def _on_host(self, i, first_stop, flat, step):
         if first_stop:
@@ -1260,6 +1308,9 @@ class _SGKernel(MCMCKernel):
         state["_drift_points"] = []
         state["_init_fns"] = {}
         state["_init_param_fns"] = {}
+        if getattr(self._estimator, "sharding", None) is not None:
+            # Its mesh holds devices, which do not pickle; `init` rebuilds it.
+            state["_estimator"] = None
         return state
 
 

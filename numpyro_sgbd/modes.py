@@ -44,6 +44,7 @@ from numpyro_sgbd.estimators import (
     split_arrays,
 )
 from numpyro_sgbd.handlers import SubsamplePlates, full_batch
+from numpyro_sgbd.sharding import data_sharding
 
 __all__ = [
     "Objective",
@@ -128,7 +129,11 @@ def full_data_objective(
     x0, unravel = ravel_pytree(median_start(widened, arrays, rebuild, rng_key))
     if len(plates) == 1:
         ((name, (size, n)),) = plates.items()
-        estimator = MinibatchEstimator(model, {name: (size, n, None)})
+        estimator = MinibatchEstimator(
+            model,
+            {name: (size, n, None)},
+            sharding=data_sharding({name: (size, n, None)}, model_args, model_kwargs),
+        )
         run, arrays = estimator.full_data_parts(model_args, model_kwargs, chunk_size)
 
         def flat_value_and_grad(x, arrays):

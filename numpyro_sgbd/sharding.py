@@ -1,0 +1,235 @@
+"""Data sharded along a subsample plate, over the devices of one process or many.
+
+The user places the model's data on a :class:`jax.sharding.Mesh` with
+:func:`shard_data` (or ``jax.device_put(X, NamedSharding(mesh, P("data")))``
+themselves); the kernels see it in ``init`` (:func:`data_sharding`) and from then on
+evaluate every minibatch gradient, its noise statistics and every full-data pass
+shard by shard inside :func:`jax.shard_map`, with one all-reduce per step (see
+:meth:`~numpyro_sgbd.estimators.MinibatchEstimator.map_shards`). Across processes
+and hosts the same code runs once :func:`jax.distributed.initialize` has joined
+them: a mesh then spans every process's devices.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+import numpy as np
+
+from numpyro_sgbd.estimators import split_arrays
+
+__all__ = ["DataSharding", "data_sharding", "shard_data"]
+
+
+class DataSharding(NamedTuple):
+    """How the model's data are split along its subsample plate.
+
+    :param mesh: the :class:`~jax.sharding.Mesh` the data live on.
+    :param str axis: the mesh axis the plate's rows are split over.
+    :param tuple specs: one :class:`~jax.sharding.PartitionSpec` per array leaf of
+        the model arguments (in :func:`~numpyro_sgbd.estimators.split_arrays`'
+        order): ``P(axis)`` for the plate's data, ``P()`` for replicated arrays.
+    :param str plate: the subsample plate's name.
+    :param int num_shards: K, the size of ``axis``.
+    :param int size: N, the plate's rows in all.
+    :param int subsample_size: n, the minibatch in all; n / K rows per shard.
+    """
+
+    mesh: Any
+    axis: str
+    specs: tuple
+    plate: str
+    num_shards: int
+    size: int
+    subsample_size: int
+
+    @property
+    def local_size(self):
+        """N_k = N / K, the rows of one shard."""
+        return self.size // self.num_shards
+
+    @property
+    def local_subsample_size(self):
+        """n_k = n / K, the minibatch rows drawn from one shard."""
+        return self.subsample_size // self.num_shards
+
+
+def shard_data(*arrays, mesh=None, axis="data"):
+    """Place arrays on a mesh, split along their first axis (the plate's rows).
+
+    :param arrays: the model's data arrays, NumPy or JAX, all with the same number
+        of rows. In a run of several processes (after
+        :func:`jax.distributed.initialize`) each process passes its own rows; the
+        result is one global array whose rows are the processes' rows in process
+        order.
+    :param mesh: a :class:`~jax.sharding.Mesh` (default: a one-axis mesh over
+        every device, ``jax.make_mesh((jax.device_count(),), (axis,),
+        axis_types=(AxisType.Auto,))``).
+    :param str axis: the mesh axis to split the rows over.
+    :return: the sharded :class:`jax.Array` (a tuple of them for several arrays).
+
+    >>> import numpy as np
+    >>> X = shard_data(np.ones((8, 3)))
+    >>> X.sharding.spec[0]
+    'data'
+    """
+    if not arrays:
+        raise ValueError("shard_data needs at least one array.")
+    if mesh is None:
+        mesh = jax.make_mesh(
+            (jax.device_count(),), (axis,), axis_types=(AxisType.Auto,)
+        )
+    if not isinstance(mesh, Mesh):
+        raise ValueError(
+            f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}; build "
+            "one with jax.make_mesh((num_devices,), ('data',))."
+        )
+    if axis not in mesh.axis_names:
+        raise ValueError(
+            f"axis {axis!r} is not an axis of the mesh, whose axes are "
+            f"{mesh.axis_names}; pass axis= one of them."
+        )
+    k = mesh.shape[axis]
+    multi = jax.process_count() > 1
+    rows = {np.shape(x)[0] if np.ndim(x) else None for x in arrays}
+    if len(rows) != 1 or None in rows:
+        raise ValueError(
+            "shard_data splits arrays along their first axis, the plate's rows; "
+            f"they must all have the same number of rows, got {sorted(map(str, rows))}."
+        )
+    (local,) = rows
+    total = local * jax.process_count() if multi else local
+    if total % k:
+        raise ValueError(
+            f"{total} rows do not split evenly over the {k} devices of mesh axis "
+            f"{axis!r}: drop {total % k} rows, or pad the data to "
+            f"{total + k - total % k} rows (with zero weight in the model), or use "
+            "a mesh of a divisor of the rows."
+        )
+    out = []
+    for x in arrays:
+        spec = PartitionSpec(axis, *([None] * (np.ndim(x) - 1)))
+        sharding = NamedSharding(mesh, spec)
+        if multi:
+            out.append(jax.make_array_from_process_local_data(sharding, np.asarray(x)))
+        else:
+            out.append(jax.device_put(x, sharding))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def _spec_axes(spec, ndim):
+    """The mesh axis names that split each dimension (a tuple per dimension)."""
+    out = []
+    for j in range(ndim):
+        entry = spec[j] if j < len(spec) else None
+        if entry is None:
+            out.append(())
+        elif isinstance(entry, tuple):
+            out.append(entry)
+        else:
+            out.append((entry,))
+    return out
+
+
+def data_sharding(plates, model_args, model_kwargs):
+    """The :class:`DataSharding` of the model's data, or ``None`` when no data
+    argument is split over more than one device.
+
+    Raises a ``ValueError`` naming the fix, before anything is compiled, when the
+    data are sharded in a way the kernels cannot use: along another axis than the
+    plate's rows, over several meshes or mesh axes, some of the plate's arrays
+    sharded and others not, rows or the subsample size that do not split evenly
+    over the shards, or a model with other than one subsample plate.
+
+    :param dict plates: ``{name: (size, subsample_size, dim)}`` of the model's
+        subsample plates.
+    """
+    arrays, _, _ = split_arrays((model_args, model_kwargs))
+    found = []  # (position, array, axes per dim) of arrays split over > 1 device
+    for j, x in enumerate(arrays):
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            continue
+        sharding = x.sharding
+        if sharding.is_fully_replicated:
+            continue
+        if not isinstance(sharding, NamedSharding):
+            raise ValueError(
+                f"A data argument of shape {x.shape} is split over devices by a "
+                f"{type(sharding).__name__}; the kernels read a NamedSharding: "
+                "place it with numpyro_sgbd.shard_data(X) or jax.device_put(X, "
+                "NamedSharding(mesh, P('data')))."
+            )
+        found.append((j, x, _spec_axes(sharding.spec, x.ndim)))
+    if not found:
+        return None
+    if len(plates) != 1:
+        raise ValueError(
+            "Sharded data are split along the rows of one subsample plate; the "
+            f"model subsamples {sorted(plates) or 'none'}. Write its data in one "
+            "numpyro.plate(name, N, subsample_size=n)."
+        )
+    ((name, (size, n, _)),) = plates.items()
+    meshes = {x.sharding.mesh for _, x, _ in found}
+    if len(meshes) > 1:
+        raise ValueError(
+            "The data arguments are sharded over different meshes; place them all "
+            "on one (numpyro_sgbd.shard_data(X, y, mesh=mesh))."
+        )
+    (mesh,) = meshes
+    axes = set()
+    for _, x, per_dim in found:
+        later = [(d, a) for d, a in enumerate(per_dim) if d > 0 and a]
+        if later:
+            d, a = later[0]
+            raise ValueError(
+                f"A data argument of shape {x.shape} is sharded along its "
+                f"dimension {d} (mesh axes {a}), but the kernels split data along "
+                f"the rows of plate '{name}', dimension 0: shard it with "
+                "P('data') (numpyro_sgbd.shard_data(X)), or replicate it."
+            )
+        if x.shape[0] != size:
+            raise ValueError(
+                f"A data argument of shape {x.shape} is sharded along its first "
+                f"dimension, but plate '{name}' has {size} rows: only the plate's "
+                "data can be sharded; replicate the others."
+            )
+        axes.add(per_dim[0])
+    if len(axes) > 1:
+        raise ValueError(
+            f"The plate's data are split over different mesh axes {sorted(axes)}; "
+            "shard them all along one axis (numpyro_sgbd.shard_data(X, y))."
+        )
+    (axis,) = axes
+    if len(axis) != 1:
+        raise ValueError(
+            f"The plate's data are split over several mesh axes {axis}; shard them "
+            "along one axis of the mesh."
+        )
+    (axis,) = axis
+    sharded = {j for j, _, _ in found}
+    for j, x in enumerate(arrays):
+        if j not in sharded and np.ndim(x) and np.shape(x)[0] == size:
+            raise ValueError(
+                f"A data argument of shape {np.shape(x)} has the plate '{name}''s "
+                f"{size} rows but is not sharded, while others are split over mesh "
+                f"axis {axis!r}: shard all the plate's data alike "
+                "(numpyro_sgbd.shard_data(X, y))."
+            )
+    k = mesh.shape[axis]
+    if size % k:
+        raise ValueError(
+            f"Plate '{name}''s {size} rows do not split evenly over the {k} shards "
+            f"of mesh axis {axis!r}: drop {size % k} rows or pad the data."
+        )
+    if n < k or n % k:
+        near = max(k, round(n / k) * k)
+        raise ValueError(
+            f"subsample_size {n} of plate '{name}' must be a multiple of the {k} "
+            f"shards (each shard draws n / {k} of its own rows): use "
+            f"subsample_size={near}."
+        )
+    specs = tuple(
+        PartitionSpec(axis) if j in sharded else PartitionSpec()
+        for j in range(len(arrays))
+    )
+    return DataSharding(mesh, axis, specs, name, k, size, n)
