@@ -254,3 +254,17 @@ def test_momentum_samplers_quick(tmp_path, load_example):
     kinetic = summary["mean_kinetic_energy"]
     assert abs(kinetic["SGNHT"] / 5.5 - 1) < 0.05, summary
     assert abs(kinetic["SGHMC"] - 5.93) < 1.0, summary
+
+
+@pytest.mark.slow  # 73 s: three processes; tests/test_sharding.py checks the same
+def test_distributed_example_reproduces_the_one_process_draws():
+    from pathlib import Path
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "distributed.py"
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=900
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "The two-process draws are the one-process draws." in out.stdout
