@@ -53,7 +53,7 @@ from numpyro_sgbd.modes import (
     hessian,
     search_centre,
 )
-from numpyro_sgbd.sharding import data_sharding
+from numpyro_sgbd.sharding import any_sharded, data_sharding
 from numpyro_sgbd.updates._tree import tree_mean
 
 __all__ = ["Centre", "SGState", "family_state", "wall_time"]
@@ -1018,6 +1018,14 @@ class _SGKernel(MCMCKernel):
             if self._adapt_mass
             else (self._num_warmup, ())
         )
+        if _has_tracer(rng_key) and any_sharded((model_args, model_kwargs)):
+            raise ValueError(
+                "The model's data are sharded over devices, and this kernel runs "
+                "inside a transform (chain_method='parallel' maps chains onto the "
+                "devices the data occupy, or the user's jax.jit): use "
+                "chain_method='vectorized' (or 'sequential') and call MCMC.run "
+                "outside jax.jit."
+            )
         self._traced_setup = _has_tracer((model_args, model_kwargs))
         # Under chain_method="parallel" NumPyro calls `init` inside pmap, and a
         # kernel may run inside the user's jax.jit: what the kernel keeps on itself

@@ -131,6 +131,16 @@ def _spec_axes(spec, ndim):
     return out
 
 
+def any_sharded(tree):
+    """Whether a concrete :class:`jax.Array` in ``tree`` is split over devices."""
+    return any(
+        isinstance(x, jax.Array)
+        and not isinstance(x, jax.core.Tracer)
+        and not x.sharding.is_fully_replicated
+        for x in jax.tree.leaves(tree)
+    )
+
+
 def data_sharding(plates, model_args, model_kwargs):
     """The :class:`DataSharding` of the model's data, or ``None`` when no data
     argument is split over more than one device.

@@ -278,6 +278,22 @@ def closed_over():
 
 
 errors["jit_model_args"] = error_of(closed_over)
+
+
+def parallel_chains():
+    m = MCMC(
+        ns.SGLD(logistic),
+        num_warmup=5,
+        num_samples=5,
+        num_chains=2,
+        chain_method="parallel",
+        progress_bar=False,
+        jit_model_args=True,
+    )
+    m.run(jax.random.key(0), Xs, ys)
+
+
+errors["parallel"] = error_of(parallel_chains)
 results["errors"] = errors
 
 with open(OUT, "w") as f:

@@ -155,6 +155,7 @@ def test_two_processes_give_the_one_process_draws(results, tmp_path):
         ("uneven_rows", "do not split evenly"),
         ("two_plates", "one subsample plate"),
         ("jit_model_args", "jit_model_args=True"),
+        ("parallel", "chain_method='vectorized'"),
     ],
 )
 def test_bad_sharding_is_a_clear_error(results, case, words):
