@@ -392,7 +392,9 @@ class MinibatchEstimator(Estimator):
                 shard_local(model, name, sharding.local_size, sharding.num_shards),
                 {name: (sharding.local_size, sharding.local_subsample_size, dim)},
                 noise=noise,
-                replace=resolve_replace(replace, *sharding[5:7]),
+                replace=resolve_replace(
+                    replace, sharding.size, sharding.subsample_size
+                ),
                 covariance=covariance,
                 per_datum=per_datum,
                 pullback=pullback,
@@ -478,8 +480,8 @@ class MinibatchEstimator(Estimator):
         drawn by the key ``fold_in(rng_key, k)``, inside :func:`jax.shard_map`;
         the shards' potentials, gradients and noise statistics are summed in one
         all-reduce (:meth:`summarise`). The estimate is stratified, n/K rows from
-        each shard, so its noise variance is the sum of the shards' (SPEC:
-        sharded data). ``operand`` (positions) and the result are replicated.
+        each shard, so its noise variance is the sum of the shards' (docs: Big
+        data). ``operand`` (positions) and the result are replicated.
         """
         if self.sharding is None:
             parts = local(self, self.draw(rng_key), operand, model_args, model_kwargs)

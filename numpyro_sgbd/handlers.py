@@ -143,7 +143,7 @@ class shard_local(Messenger):
     given indices (:class:`fix_plates`), whatever size the model declares for the
     plate (the global N, or ``len(X)``, which is local there); every other site
     (prior, Jacobian, data outside the plate) is weighted ``1 / num_shards``, so
-    that the sum over the shards counts it once (SPEC: sharded data).
+    that the sum over the shards counts it once (docs: Big data).
     """
 
     def __init__(self, fn, name, local_size, num_shards):

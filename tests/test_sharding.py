@@ -1,4 +1,4 @@
-"""Data sharded over devices and processes (SPEC: sharded data).
+"""Data sharded over devices and processes (docs: Big data).
 
 The checks run in subprocesses (tests/sharded_checks.py) on 4 simulated CPU
 devices, and as two processes of 2 devices joined by ``jax.distributed``; these
