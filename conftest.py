@@ -1,7 +1,10 @@
+import atexit
 import gc
 import importlib.util
 import os
 from pathlib import Path
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
@@ -10,6 +13,18 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_platform_name", "cpu")
+
+# JAX's persistent compilation cache, in a directory of this session's own: NumPyro
+# compiles its sampling loop anew on every MCMC.run, and parametrised cases compile
+# the same programs again and again; from the cache each is loaded instead
+# (test_adaptation.py: 180 s without, 155 s with).
+# NUMPYRO_SGBD_TEST_CACHE=0 turns it off.
+if os.environ.get("NUMPYRO_SGBD_TEST_CACHE", "1") != "0":
+    _cache_dir = tempfile.mkdtemp(prefix="jax-cache-")
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+    jax.config.update("jax_compilation_cache_dir", _cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 # Every XLA:CPU executable keeps its own memory mappings, and the suite compiles
 # thousands of them: kept to the end, they passed Linux's default limit of 65530
