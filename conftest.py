@@ -14,6 +14,10 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_platform_name", "cpu")
 
+# A script that tests/test_sharding.py runs in subprocesses (it reads its
+# arguments and sets up devices at import): not a module for --doctest-modules.
+collect_ignore = ["tests/sharded_checks.py"]
+
 # JAX's persistent compilation cache, in a directory of this session's own: NumPyro
 # compiles its sampling loop anew on every MCMC.run, and parametrised cases compile
 # the same programs again and again; from the cache each is loaded instead
