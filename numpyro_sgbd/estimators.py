@@ -497,14 +497,7 @@ class MinibatchEstimator(Estimator):
             parts = local(est, est.draw(key), operand, args, kwargs)
             return est.summarise(*parts, axis_name=axis)
 
-        P = jax.sharding.PartitionSpec
-        return jax.shard_map(
-            on_shard,
-            mesh=sharding.mesh,
-            in_specs=(P(), P(), list(sharding.specs)),
-            out_specs=P(),
-            check_vma=False,
-        )(rng_key, operand, arrays)
+        return sharding.map(on_shard)(rng_key, operand, arrays)
 
     def evaluate(self, z, indices, model_args, model_kwargs):
         """``(potential, its gradient, per-datum gradients or None)`` at ``z`` on
@@ -631,22 +624,12 @@ class MinibatchEstimator(Estimator):
             local_run, arrays = self.local.full_data_parts(
                 model_args, model_kwargs, chunk_size
             )
-            sharding = self.sharding
-            P = jax.sharding.PartitionSpec
+            axis = self.sharding.axis
 
             def on_shard(z, arrays):
-                return jax.lax.psum(local_run(z, arrays), sharding.axis)
+                return jax.lax.psum(local_run(z, arrays), axis)
 
-            run = jax.jit(
-                jax.shard_map(
-                    on_shard,
-                    mesh=sharding.mesh,
-                    in_specs=(P(), list(sharding.specs)),
-                    out_specs=P(),
-                    check_vma=False,
-                )
-            )
-            return run, arrays
+            return jax.jit(self.sharding.map(on_shard)), arrays
         arrays, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
         ((name, (size, _, _)),) = self.plates.items()
         c = int(min(chunk_size, size))

@@ -1169,11 +1169,6 @@ class _SGKernel(MCMCKernel):
         would need every row); large data draw a warning."""
         if not _has_tracer(state) or _has_tracer((model_args, model_kwargs)):
             return
-        arrays = [
-            x
-            for x in jax.tree.leaves((model_args, model_kwargs))
-            if isinstance(x, (np.ndarray, jax.Array))
-        ]
         if getattr(self._estimator, "sharding", None) is not None:
             raise ValueError(
                 "The model's data are sharded over devices, but NumPyro's MCMC "
@@ -1184,6 +1179,11 @@ class _SGKernel(MCMCKernel):
                 "each shard on its device (with the bar on, NumPyro passes them "
                 "through a compiled call every step, a copy of the data each)."
             )
+        arrays = [
+            x
+            for x in jax.tree.leaves((model_args, model_kwargs))
+            if isinstance(x, (np.ndarray, jax.Array))
+        ]
         nbytes = sum(int(np.size(x)) * np.dtype(x.dtype).itemsize for x in arrays)
         if nbytes > CONSTANT_DATA_WARN_BYTES:
             warnings.warn(

@@ -53,6 +53,24 @@ class DataSharding(NamedTuple):
         """n_k = n / K, the minibatch rows drawn from one shard."""
         return self.subsample_size // self.num_shards
 
+    def map(self, fn):
+        """``fn(*replicated, arrays)`` run on every shard by :func:`jax.shard_map`:
+        the leading arguments and the result replicated, ``arrays`` (the array
+        leaves of the model arguments) split as :attr:`specs` says."""
+
+        def mapped(*args):
+            *replicated, arrays = args
+            replicated_specs = tuple(PartitionSpec() for _ in replicated)
+            return jax.shard_map(
+                fn,
+                mesh=self.mesh,
+                in_specs=(*replicated_specs, list(self.specs)),
+                out_specs=PartitionSpec(),
+                check_vma=False,
+            )(*args)
+
+        return mapped
+
 
 def shard_data(*arrays, mesh=None, axis="data"):
     """Place arrays on a mesh, split along their first axis (the plate's rows).
@@ -131,14 +149,18 @@ def _spec_axes(spec, ndim):
     return out
 
 
-def any_sharded(tree):
-    """Whether a concrete :class:`jax.Array` in ``tree`` is split over devices."""
-    return any(
+def _split_over_devices(x):
+    """Whether ``x`` is a concrete :class:`jax.Array` split over devices."""
+    return (
         isinstance(x, jax.Array)
         and not isinstance(x, jax.core.Tracer)
         and not x.sharding.is_fully_replicated
-        for x in jax.tree.leaves(tree)
     )
+
+
+def any_sharded(tree):
+    """Whether a concrete :class:`jax.Array` in ``tree`` is split over devices."""
+    return any(_split_over_devices(x) for x in jax.tree.leaves(tree))
 
 
 def data_sharding(plates, model_args, model_kwargs):
@@ -157,11 +179,9 @@ def data_sharding(plates, model_args, model_kwargs):
     arrays, _, _ = split_arrays((model_args, model_kwargs))
     found = []  # (position, array, axes per dim) of arrays split over > 1 device
     for j, x in enumerate(arrays):
-        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        if not _split_over_devices(x):
             continue
         sharding = x.sharding
-        if sharding.is_fully_replicated:
-            continue
         if not isinstance(sharding, NamedSharding):
             raise ValueError(
                 f"A data argument of shape {x.shape} is split over devices by a "
