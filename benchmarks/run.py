@@ -25,6 +25,14 @@ covariates:
     wall time of NUTS's 500 warmup + 1000 draws.
 (f) memory: peak resident memory of a run at N = 10^7 (and 10^6), d = 10, above
     the resident memory once the data are loaded.
+(g) the progress bar: per-step time of every sampler with ``progress_bar=True``
+    and ``num_steps`` (SG steps per sample) 100, / with the bar off and one step
+    per sample; N = 10^6, d = 10, n = 1000.
+(h) high dimension: the matrix-factorisation example on MovieLens (d = 194,820,
+    n = 800): ms per step of vanilla and corrected SGBD and NOGIN with a diagonal
+    noise covariance, the working memory XLA allocates for a compiled loop of
+    steps, and the growth of the peak resident memory while it runs (each kernel
+    in a subprocess).
 
 Per-step times of MCMC runs are marginal, (T(6k) - T(k)) / 5k, each T the fastest
 of ``--repeats`` runs less the seconds JAX reports compiling in it (NumPyro's
@@ -56,7 +64,16 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS, init_to_value
 from numpyro.infer.util import log_density
 
-from numpyro_sgbd import SGBD, SGLD, full_batch, posterior_mode
+from numpyro_sgbd import (
+    NOGIN,
+    SGBD,
+    SGHMC,
+    SGLD,
+    SGNHT,
+    full_batch,
+    posterior_mode,
+)
+from numpyro_sgbd.estimators import MinibatchEstimator
 
 KERNELS = [
     (f"{cls.__name__} {variant}", cls, variant)
@@ -546,9 +563,137 @@ def memory(table, args):
             )
 
 
+def _bar_kernels():
+    """(name, make(num_steps) -> make_kernel) for section (g): every sampler at a
+    fixed step (no adaptation), on minibatch gradients."""
+
+    def of(cls, **kwargs):
+        def make(num_steps):
+            return lambda model_n: cls(model_n, num_steps=num_steps, **kwargs)
+
+        return make
+
+    return [
+        ("SGBD vanilla", of(SGBD, step_size=1e-3, variant="vanilla")),
+        ("SGBD corrected", of(SGBD, step_size=1e-3, variant="corrected")),
+        ("SGLD vanilla", of(SGLD, step_size=1e-3, variant="vanilla")),
+        ("SGLD corrected", of(SGLD, step_size=1e-3, variant="corrected")),
+        ("NOGIN", of(NOGIN, step_size=1e-3)),
+        ("SGHMC", of(SGHMC, step_size=1e-3)),
+        ("SGNHT", of(SGNHT, step_size=1e-3)),
+    ]
+
+
+def progress_bar(table, args):
+    """Section (g)."""
+    X, y = make_data(args.num_data, 10)
+    n, k = 1000, args.bar_num_steps
+    steps = _steps_for(args, floor_seconds(X, y, n, 6 * args.num_steps))
+    table.section(
+        f"(g) N = {args.num_data:.0e}, d = 10, n = {n}: progress bar on with "
+        f"num_steps = {k} / bar off with num_steps = 1, per step",
+        ["kernel", "off us/step", "on us/step", "on / off"],
+    )
+    for name, make in _bar_kernels():
+        off = kernel_seconds(make(1), X, y, n, steps, False, args.repeats)
+        samples = max(1, steps // k)
+        on = kernel_seconds(make(k), X, y, n, samples, True, args.repeats) / k
+        table.row(name, 1e6 * off, 1e6 * on, on / off)
+
+
+def high_dim_child(name, num_steps, row_budget):
+    """Run in a subprocess: one kernel on the matrix-factorisation example's full
+    MovieLens data (d = 194,820, n = 800): seconds per step of a compiled loop of
+    ``num_steps`` steps, the working memory XLA allocates for it (temporaries,
+    beyond its arguments: data, state and parameters) and the growth of the
+    resident memory's peak while it runs."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from examples.matrix_factorisation import load_data
+    from examples.matrix_factorisation import model as bpmf
+
+    if row_budget:
+        MinibatchEstimator.row_budget = row_budget
+    train, _, num_users, num_movies = load_data()
+    n = train[0].shape[0] // 100
+    model_n = functools.partial(
+        bpmf, num_users=num_users, num_movies=num_movies, subsample_size=n
+    )
+    fixed = {"preconditioner": "none", "gradient": "minibatch"}
+    kernel = {
+        "SGBD vanilla": lambda: SGBD(model_n, step_size=0.011, **fixed),
+        "SGBD corrected": lambda: SGBD(
+            model_n, step_size=0.011, variant="corrected", **fixed
+        ),
+        "NOGIN diag": lambda: NOGIN(
+            model_n, step_size=0.01, covariance="diag", **fixed
+        ),
+    }[name]()
+    state = kernel.init(random.key(0), 0, None, train, {})
+
+    def loop(state, args):
+        return jax.lax.fori_loop(
+            0, num_steps, lambda _, s: kernel.sample(s, args, {}), state
+        )
+
+    compiled = jax.jit(loop).lower(state, train).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    jax.block_until_ready(compiled(state, train))
+    before = _rss_mb("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM)
+        f.write("5")
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(state, train))
+    seconds = (time.perf_counter() - start) / num_steps
+    d = sum(int(np.size(x)) for x in jax.tree.leaves(state.z))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "temp_mb": temp / 2**20,
+                "peak_mb": _rss_mb("VmHWM") - before,
+                "d": d,
+                "n": n,
+            }
+        )
+    )
+
+
+def high_dim(table, args):
+    """Section (h)."""
+    rows = {}
+    for name in ("SGBD vanilla", "SGBD corrected", "NOGIN diag"):
+        command = [sys.executable, __file__, "--high-dim-child", name]
+        command += ["--high-dim-steps", str(args.high_dim_steps)]
+        out = subprocess.run(command, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(out.stderr[-2000:])
+            raise RuntimeError(f"high-dim child {name!r} failed")
+        rows[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        if len(rows) == 1:
+            m = rows[name]
+            floats = 4 * (m["n"] + m["d"])
+            table.section(
+                f"(h) matrix factorisation, d = {m['d']:,}, n = {m['n']}, "
+                f"{args.high_dim_steps} steps in one compiled loop; target: "
+                f"working memory <= 4 (n + d) floats = {4 * floats / 2**20:.1f} MB",
+                ["kernel", "ms/step", "/ vanilla", "XLA temp MB", "peak RSS +MB"],
+            )
+        m = rows[name]
+        table.row(
+            name,
+            1e3 * m["seconds"],
+            m["seconds"] / rows["SGBD vanilla"]["seconds"],
+            m["temp_mb"],
+            m["peak_mb"],
+        )
+
+
 def main(args):
     if args.accuracy_child:
         accuracy_child(json.loads(args.accuracy_child))
+        return
+    if args.high_dim_child:
+        high_dim_child(args.high_dim_child, args.high_dim_steps, 0)
         return
     if args.memory_child:
         memory_child(
@@ -570,9 +715,14 @@ def main(args):
         + (" (--quick)" if args.quick else "")
     )
     for part in args.parts:
-        {"abc": per_step, "d": per_datum, "e": time_to_accuracy, "f": memory}[part](
-            table, args
-        )
+        {
+            "abc": per_step,
+            "d": per_datum,
+            "e": time_to_accuracy,
+            "f": memory,
+            "g": progress_bar,
+            "h": high_dim,
+        }[part](table, args)
     elapsed = time.perf_counter() - started
     print(f"\n{elapsed / 60:.1f} minutes")
     if args.output:
@@ -592,9 +742,17 @@ def parse_args(argv=None):
     parser.add_argument(
         "--parts",
         nargs="+",
-        default=["abc", "d", "e", "f"],
-        choices=["abc", "d", "e", "f"],
+        default=["abc", "d", "e", "f", "g", "h"],
+        choices=["abc", "d", "e", "f", "g", "h"],
     )
+    parser.add_argument(
+        "--bar-num-steps",
+        type=int,
+        default=100,
+        help="(g): the kernels' num_steps with the progress bar on",
+    )
+    parser.add_argument("--high-dim-steps", type=int, default=20)
+    parser.add_argument("--high-dim-child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--num-data", type=int, default=1_000_000)
     parser.add_argument("--small-data", type=int, default=10_000)
     parser.add_argument("--wide-data", type=int, default=100_000)

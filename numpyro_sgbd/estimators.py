@@ -32,6 +32,7 @@ __all__ = [
     "GradientEstimate",
     "MinibatchEstimator",
     "PotentialEstimator",
+    "StreamedRows",
     "draw_indices",
     "median_start",
     "noise_variance_factor",
@@ -162,6 +163,66 @@ def _finite_tree(tree):
 
 def _flat_size(tree):
     return sum(int(jnp.size(x)) for x in jax.tree.leaves(tree))
+
+
+def _largest_divisor(n, at_most):
+    """The largest divisor of ``n`` that is at most ``at_most`` (at least 1)."""
+    return max(k for k in range(1, max(1, min(n, at_most)) + 1) if n % k == 0)
+
+
+class StreamedRows:
+    """The n per-datum gradients of a minibatch, formed ``chunk`` rows at a time
+    and never held all at once: ``fn(indices[j:j + chunk])`` gives those rows
+    (a tree with leading axis ``chunk``). :meth:`moments` reduces them in one
+    pass; ``a - b`` is the rows of the difference (control variates: the same
+    indices at two points).
+    """
+
+    def __init__(self, fn, indices, chunk):
+        self.fn = fn
+        self.indices = indices
+        self.chunk = chunk
+
+    def __sub__(self, other):
+        def fn(idx):
+            return jax.tree.map(jnp.subtract, self.fn(idx), other.fn(idx))
+
+        return StreamedRows(fn, self.indices, self.chunk)
+
+    def moments(self):
+        """``(mean, m2)`` of the rows by coordinate: their mean and sum of squared
+        deviations from it, merged chunk by chunk (Chan, Golub & LeVeque's pairwise
+        update, stable where the mean is large against the spread): memory two
+        trees of the gradient's size plus one chunk of rows."""
+        n, c = jnp.shape(self.indices)[0], self.chunk
+        chunks = self.indices.reshape(n // c, c)
+        first = jax.eval_shape(self.fn, chunks[0])
+
+        def body(carry, idx_and_seen):
+            mean, m2 = carry
+            idx, seen = idx_and_seen
+            rows = self.fn(idx)
+            total = seen + c
+            mean_b = jax.tree.map(lambda r: jnp.mean(r, axis=0), rows)
+            delta = jax.tree.map(jnp.subtract, mean_b, mean)
+            mean = jax.tree.map(lambda m, d: m + d * (c / total), mean, delta)
+            m2 = jax.tree.map(
+                lambda a, r, m, d: (
+                    a
+                    + jnp.sum(jnp.square(r - m), axis=0)
+                    + jnp.square(d) * (seen * c / total)
+                ),
+                m2,
+                rows,
+                mean_b,
+                delta,
+            )
+            return (mean, m2), None
+
+        zeros = jax.tree.map(lambda r: jnp.zeros(r.shape[1:], r.dtype), first)
+        seen = jnp.arange(n // c, dtype=jnp.result_type(float)) * c
+        (mean, m2), _ = jax.lax.scan(body, (zeros, zeros), (chunks, seen))
+        return mean, m2
 
 
 Centre = namedtuple("Centre", ["z", "potential", "grad", "z_sum"])
@@ -405,12 +466,32 @@ class MinibatchEstimator(Estimator):
         if self.pullback is None:
             return grad, per_datum_grads
         grad = self.pullback(ravel_pytree(grad)[0])
-        if per_datum_grads is not None:
-            leaves = jax.tree.leaves(per_datum_grads)
-            n = leaves[0].shape[0]
-            flat = jnp.concatenate([g.reshape(n, -1) for g in leaves], axis=1)
-            per_datum_grads = self.pullback(flat)
+        if isinstance(per_datum_grads, StreamedRows):
+            rows = per_datum_grads
+            per_datum_grads = StreamedRows(
+                lambda idx: self._pull_rows(rows.fn(idx)), rows.indices, rows.chunk
+            )
+        elif per_datum_grads is not None:
+            per_datum_grads = self._pull_rows(per_datum_grads)
         return grad, per_datum_grads
+
+    def _pull_rows(self, rows):
+        leaves = jax.tree.leaves(rows)
+        n = leaves[0].shape[0]
+        return self.pullback(jnp.concatenate([g.reshape(n, -1) for g in leaves], 1))
+
+    #: Per-datum gradients are formed in chunks of at most this many floats
+    #: (``chunk x d``; 1 MiB in float32), where the covariance form does not need
+    #: them all (``covariance`` None or ``"diag"``): at d = 10^5 one row at a
+    #: time, at d <= 262 with n <= 1000 all at once.
+    row_budget = 2**18
+
+    def _rows_per_chunk(self, z, n):
+        """Rows per chunk of the per-datum gradients: ``n`` (all at once, as
+        rows) or fewer (a :class:`StreamedRows`)."""
+        if self.covariance in ("lowrank", "full"):
+            return n  # the factor or the matrix needs every row
+        return _largest_divisor(n, self.row_budget // max(_flat_size(z), 1))
 
     def draw(self, rng_key):
         """Fresh indices ``{plate name: indices}`` for every subsample plate."""
@@ -518,6 +599,24 @@ class MinibatchEstimator(Estimator):
             value, grad = jax.value_and_grad(lambda z: fn(z)[0])(z)
             return value, grad, None
         ((name, (_, n, _)),) = self.plates.items()
+        chunk = self._rows_per_chunk(z, n)
+        if chunk < n:
+            # Large d: the minibatch gradient as without noise, and the gradients
+            # of the likelihood terms alone (the prior and Jacobian are exact: no
+            # noise), a chunk of rows at a time (memory O(chunk x d), never n x d).
+            jax.eval_shape(fn, z)  # the per-datum check below, while tracing
+
+            def term(z, i):
+                # h_i = (N / n) log p(y_i | z): the one-datum model weights its
+                # datum by N.
+                one = self._terms(z, {name: i[None]}, model_args, model_kwargs, True)
+                return one[1][0] / n
+
+            def rows(idx):
+                return jax.vmap(jax.grad(term), (None, 0))(z, idx)
+
+            value, grad = jax.value_and_grad(lambda z: fn(z, with_terms=False)[0])(z)
+            return value, grad, StreamedRows(rows, indices[name], chunk)
         if self.per_datum == "jacobian":
 
             def with_value(z):
@@ -572,22 +671,22 @@ class MinibatchEstimator(Estimator):
             return GradientEstimate(grad, jax.tree.map(jnp.zeros_like, grad), value)
         ((size, n, _),) = self.plates.values()
         factor = noise_variance_factor(size, n, replace=self.replace)
-        noise_sd = jax.tree.map(
-            jnp.sqrt,
-            total(
-                jax.tree.map(
-                    lambda g: factor * jnp.var(g, axis=0, ddof=1), per_datum_grads
-                )
-            ),
-        )
+        if isinstance(per_datum_grads, StreamedRows):
+            _, m2 = per_datum_grads.moments()
+            variance = jax.tree.map(lambda v: v / (n - 1), m2)
+        else:
+            variance = jax.tree.map(lambda g: jnp.var(g, 0, ddof=1), per_datum_grads)
+        variance = total(jax.tree.map(lambda v: factor * v, variance))
+        noise_sd = jax.tree.map(jnp.sqrt, variance)
         if self.covariance is None:
             return GradientEstimate(grad, noise_sd, value)
-        flat = jnp.concatenate(
-            [g.reshape(n, -1) for g in jax.tree.leaves(per_datum_grads)], axis=1
-        )  # (n, d), columns in ravel_pytree's order
         if self.covariance == "diag":
-            cov = total(factor * jnp.var(flat, axis=0, ddof=1))
+            # In ravel_pytree's order, as the rows' columns.
+            cov = jnp.concatenate([v.reshape(-1) for v in jax.tree.leaves(variance)])
         else:
+            flat = jnp.concatenate(
+                [g.reshape(n, -1) for g in jax.tree.leaves(per_datum_grads)], axis=1
+            )  # (n, d), columns in ravel_pytree's order
             cov = jnp.sqrt(factor / (n - 1)) * (flat - flat.mean(0)).T  # C, (d, n)
             if self.covariance == "full":
                 cov = total(cov @ cov.T)
@@ -799,7 +898,9 @@ class ControlVariateEstimator(Estimator):
             z, centre = points
             value, grad, per_datum = est.evaluate(z, indices, args, kwargs)
             value_c, grad_c, per_datum_c = est.evaluate(centre, indices, args, kwargs)
-            if per_datum is not None:
+            if isinstance(per_datum, StreamedRows):
+                per_datum = per_datum - per_datum_c
+            elif per_datum is not None:
                 per_datum = jax.tree.map(jnp.subtract, per_datum, per_datum_c)
             return value - value_c, jax.tree.map(jnp.subtract, grad, grad_c), per_datum
 

@@ -183,8 +183,17 @@ _CLOCK_EVENTS = 8192  # kept per kernel, newest last
 _DRIFT_MIN_POINTS = 16
 
 
-def _clock_due(i):
-    return jnp.any((i % _CLOCK_EVERY == 0) | ((i & (i - 1)) == 0))
+def _crossed(before, after):
+    """Whether ``(before, after]`` holds a multiple of ``_CLOCK_EVERY``."""
+    return after // _CLOCK_EVERY != before // _CLOCK_EVERY
+
+
+def _clock_due(before, after):
+    """Whether the steps ``(before, after]`` (one sample: ``num_steps`` of
+    them) passed a multiple of ``_CLOCK_EVERY`` or a power of two (a power of
+    two lies in ``(j, i]`` exactly when ``i`` has more bits than ``j``, that is
+    ``i ^ j > j``)."""
+    return jnp.any(_crossed(before, after) | ((after ^ before) > before))
 
 
 def wall_time(kernel, mcmc):
@@ -195,8 +204,9 @@ def wall_time(kernel, mcmc):
     (each ``run`` compiles its loop anew), and the end of iterations 1, 2, 4, ...,
     256 and every 256th after that. The run's iterations are ``(i_end - steps,
     i_end]``, ``i_end`` the last state's iteration count and ``steps`` the warmup
-    (unless the run resumed from ``post_warmup_state``) plus ``num_samples``; the
-    steps after the last note are timed at the rate between the last two.
+    (unless the run resumed from ``post_warmup_state``) plus ``num_samples``,
+    times the kernel's ``num_steps``; the steps after the last note are timed at
+    the rate between the last two.
     Sequential chains run one after another, each a pass of its own: their times
     add up. What NumPyro does before ``init`` and after the last step (collecting
     the draws) is not counted: a few percent of a short run.
@@ -207,7 +217,9 @@ def wall_time(kernel, mcmc):
         return None
     i_end = int(np.max(np.asarray(last.i)))
     resumed = getattr(mcmc, "_warmup_state", None) is not None
-    steps = mcmc.num_samples + (0 if resumed else mcmc.num_warmup)
+    steps = (mcmc.num_samples + (0 if resumed else mcmc.num_warmup)) * getattr(
+        kernel, "_num_steps", 1
+    )
     i_start = i_end - steps
     passes = []
     for i, t in events:
@@ -358,6 +370,7 @@ class _SGKernel(MCMCKernel):
         recentre_every=None,
         preconditioner=None,
         adapt_mass_matrix=None,
+        num_steps=1,
     ):
         sources = [s for s in (model, potential_fn, gradient_fn) if s is not None]
         if len(sources) != 1:
@@ -452,6 +465,16 @@ class _SGKernel(MCMCKernel):
             )
         if not (isinstance(chunk_size, int) and chunk_size > 0):
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+        if not (
+            isinstance(num_steps, (int, np.integer))
+            and not isinstance(num_steps, bool)
+            and num_steps > 0
+        ):
+            raise ValueError(
+                "num_steps must be a positive int (SG steps per sample; 1 is one "
+                f"step per sample as NumPyro's kernels take), got {num_steps!r}."
+            )
+        self._num_steps = int(num_steps)
         if recentre_every is not None:
             if gradient == "minibatch":
                 raise ValueError(
@@ -1012,9 +1035,10 @@ class _SGKernel(MCMCKernel):
         self._clock.append((None, time.perf_counter()))
         del self._clock[:-_CLOCK_EVENTS]
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
-        self._num_warmup = int(num_warmup)
+        # In steps: `state.i` counts SG steps, num_steps of them per sample.
+        self._num_warmup = int(num_warmup) * self._num_steps
         self._scale_windows = (
-            preconditioning.scale_windows(num_warmup)
+            preconditioning.scale_windows(self._num_warmup)
             if self._adapt_mass
             else (self._num_warmup, ())
         )
@@ -1119,9 +1143,12 @@ class _SGKernel(MCMCKernel):
         self._step_checked = False
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._check_closed_over(state, model_args, model_kwargs)
-        new_state = self._sample_impl(state, model_args, model_kwargs)
-        if self._recentre_every is not None:
-            new_state = new_state._replace(
+
+        def one_step(state):
+            new_state = self._sample_impl(state, model_args, model_kwargs)
+            if self._recentre_every is None:
+                return new_state
+            return new_state._replace(
                 centre=self._estimator.recentre(
                     new_state.centre,
                     new_state.z,
@@ -1132,13 +1159,23 @@ class _SGKernel(MCMCKernel):
                     batched=self._batched,
                 )
             )
+
+        if self._num_steps == 1:
+            new_state = one_step(state)
+        else:
+            # One compiled loop per sample: NumPyro's per-sample costs (the
+            # progress bar's Python dispatch, collecting extra_fields) are paid
+            # once per num_steps steps.
+            new_state = jax.lax.fori_loop(
+                0, self._num_steps, lambda _, s: one_step(s), state
+            )
         # Once per run: when the first chain stops (vectorized chains share a call).
         first_stop = jnp.any(new_state.num_nonfinite > 0) & jnp.all(
             state.num_nonfinite == 0
         )
         # One host call for the warning, the clock (see `wall_time`) and the
         # stationarity check's thinned draws (see `_check_drift`).
-        due = first_stop | _clock_due(new_state.i)
+        due = first_stop | _clock_due(state.i, new_state.i)
         flat = (
             # axis_size: a model with no latent site has an empty z.
             jax.vmap(lambda z: ravel_pytree(z)[0], axis_size=jnp.shape(new_state.i)[0])(
@@ -1206,7 +1243,7 @@ class _SGKernel(MCMCKernel):
         if i > self._num_warmup and not getattr(self, "_step_checked", True):
             self._step_checked = True
             self._check_step(np.asarray(step))
-        if i > self._num_warmup and i % _CLOCK_EVERY == 0:
+        if i > self._num_warmup and _crossed(i - self._num_steps, i):
             points = getattr(self, "_drift_points", None)
             if points is None:
                 points = self._drift_points = []

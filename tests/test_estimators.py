@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from numpyro_sgbd.estimators import (
+    ControlVariateEstimator,
     MinibatchEstimator,
     draw_indices,
     noise_variance_factor,
@@ -157,3 +158,45 @@ def test_noise_covariance_forms_match_hand_written():
     np.testing.assert_allclose(out["diag"], np.diag(sigma), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="covariance must be"):
         MinibatchEstimator(logistic, {"data": (N, 8, -1)}, covariance="dense")
+
+
+@pytest.mark.parametrize("rows", [1, 2])  # rows per chunk
+def test_streamed_per_datum_rows_give_the_noise_statistics_of_all_rows(rows):
+    # Large d forms the per-datum gradients a chunk at a time (row_budget floats)
+    # and reduces them in one pass; the noise sd, the diagonal covariance (in u,
+    # through a pullback) and the control variates' differences match the
+    # statistics of all n rows at once, and the gradient is the same.
+    N, dim = 40, 4
+    X = random.normal(random.key(0), (N, dim))
+    y = (random.uniform(random.key(1), (N,)) < 0.5).astype(jnp.float32)
+    z = {"w": random.normal(random.key(2), (dim,)) * 0.3, "s": jnp.array(0.2)}
+    centre = {"w": jnp.zeros(dim), "s": jnp.array(0.0)}
+    A = random.normal(random.key(4), (dim + 1, dim + 1))
+    key = random.key(3)
+
+    def estimators(**kw):
+        whole = MinibatchEstimator(logistic, {"data": (N, 8, -1)}, **kw)
+        streamed = MinibatchEstimator(logistic, {"data": (N, 8, -1)}, **kw)
+        streamed.row_budget = rows * (dim + 1)
+        assert streamed._rows_per_chunk(z, 8) == rows
+        assert whole._rows_per_chunk(z, 8) == 8
+        return whole, streamed
+
+    cases = {
+        "sd": estimators(noise=True),
+        "diag in u": estimators(covariance="diag", pullback=lambda g: g @ A),
+    }
+    for whole, streamed in cases.values():
+        a, b = whole(key, z, (X, y), {}), streamed(key, z, (X, y), {})
+        for x, x_streamed in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            np.testing.assert_allclose(x_streamed, x, rtol=1e-4, atol=1e-5)
+    whole, streamed = cases["sd"]
+    a, b = (
+        ControlVariateEstimator(e, None, centre, 0.0, centre)(key, z, (X, y), {})
+        for e in (whole, streamed)
+    )
+    for x, x_streamed in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(x_streamed, x, rtol=1e-4, atol=1e-6)
+    # The differences' spread, not the rows' at z.
+    plain = whole(key, z, (X, y), {}).noise_sd["w"]
+    assert not np.allclose(a.noise_sd["w"], plain, rtol=0.05)

@@ -30,6 +30,7 @@ from numpyro.infer.util import ParamInfo
 import pytest
 
 from numpyro_sgbd import NOGIN, SGBD, SGHMC, SGLD, SGNHT, Recipe
+from numpyro_sgbd.kernel import wall_time
 
 # Kernel factories given the posterior sd ``sd`` of the model's coordinates (a
 # scalar, or a dict by site): SGBD and SGLD step a fifth of it; NOGIN takes the
@@ -532,6 +533,45 @@ def test_progress_bar_does_not_change_the_draws(y, kernel_name):
     np.testing.assert_allclose(
         without.get_samples()["mu"], with_bar.get_samples()["mu"], rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("kernel_name", ["NOGIN", "SGBD", "adapted SGBD"])
+def test_num_steps_runs_the_thinned_chain_inside_one_sample(y, kernel_name):
+    # num_steps=k: each sample is k steps, warmup included: the same chain as
+    # one step per sample with k times the warmup, every k-th draw kept.
+    k = 5
+
+    def make(**kw):
+        if kernel_name == "adapted SGBD":  # the schedule of warmup adaptation
+            return SGBD(normal_model, **kw)
+        return KERNELS[kernel_name](normal_model, sd=MU_SD, **kw)
+
+    fields = ("i", "potential_energy_estimate")
+    # 40 warmup samples: 200 steps, enough for adapt_mass_matrix's windows.
+    warmup = 40
+    inner = MCMC(
+        make(num_steps=k), num_warmup=warmup, num_samples=8, progress_bar=False
+    )
+    inner.run(random.key(1), y, extra_fields=fields)
+    outer = MCMC(make(), num_warmup=warmup * k, num_samples=8 * k, progress_bar=False)
+    outer.run(random.key(1), y, extra_fields=fields)
+    np.testing.assert_allclose(
+        inner.get_samples()["mu"], outer.get_samples()["mu"][k - 1 :: k], rtol=1e-5
+    )
+    extra, every = inner.get_extra_fields(), outer.get_extra_fields()
+    np.testing.assert_array_equal(extra["i"], warmup * k + k * np.arange(1, 9))
+    np.testing.assert_allclose(
+        extra["potential_energy_estimate"],
+        every["potential_energy_estimate"][k - 1 :: k],
+        rtol=1e-5,
+    )
+    assert wall_time(inner.sampler, inner) is not None
+
+
+def test_num_steps_must_be_a_positive_int():
+    for bad in (0, -1, 2.5, True, "5"):
+        with pytest.raises(ValueError, match="num_steps must be a positive int"):
+            SGBD(normal_model, num_steps=bad)
 
 
 # ------------------------------------------------------- fields and sites
