@@ -8,6 +8,7 @@ sampler. The samplers themselves are in :mod:`numpyro_sgbd.samplers`.
 """
 
 from collections import namedtuple
+import contextlib
 import logging
 import time
 import warnings
@@ -333,6 +334,16 @@ def _has_tracer(tree):
 
 #: Gradient estimators of the SG kernels' ``gradient`` argument.
 GRADIENTS = ("minibatch", "control_variates")
+
+
+def _eager_if_traced(tree):
+    """``jax.ensure_compile_time_eval()`` where ``tree`` holds a tracer (the
+    kernel set up inside a transform), else a context that does nothing."""
+    return (
+        jax.ensure_compile_time_eval()
+        if _has_tracer(tree)
+        else contextlib.nullcontext()
+    )
 
 
 def _args_key(model_args, model_kwargs):
@@ -1054,8 +1065,12 @@ class _SGKernel(MCMCKernel):
         # Under chain_method="parallel" NumPyro calls `init` inside pmap, and a
         # kernel may run inside the user's jax.jit: what the kernel keeps on itself
         # (evaluation indices, hyperparameters, the centre) is computed eagerly
-        # here, so that no tracer outlives the transform.
-        with jax.ensure_compile_time_eval():
+        # there, so that no tracer outlives the transform. Not otherwise: inside
+        # the programs `_build` compiles (mode search, Hessian, centre), eager
+        # evaluation would run every operation on constants as a program of its
+        # own, each compiled apart (about 100 of them, 3 s of a fresh run).
+        eager = _eager_if_traced((rng_key, model_args, model_kwargs))
+        with eager:
             self._build(model_args, model_kwargs)
         batched = not is_prng_key(rng_key)
         if batched:
@@ -1071,7 +1086,7 @@ class _SGKernel(MCMCKernel):
         )
         if self._model is None and isinstance(one_z, dict):
             shapes = {k: tuple(jnp.shape(v)) for k, v in one_z.items()}
-        with jax.ensure_compile_time_eval():
+        with _eager_if_traced((rng_key, model_args, model_kwargs)):
             self._prepare(shapes, one_z)
         self._batched = batched
 
