@@ -336,6 +336,15 @@ def _has_tracer(tree):
 GRADIENTS = ("minibatch", "control_variates")
 
 
+def _positive_int(value):
+    """Whether ``value`` is a positive Python or NumPy int (not a bool)."""
+    return (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, bool)
+        and value > 0
+    )
+
+
 def _eager_if_traced(tree):
     """``jax.ensure_compile_time_eval()`` where ``tree`` holds a tracer (the
     kernel set up inside a transform), else a context that does nothing."""
@@ -476,11 +485,7 @@ class _SGKernel(MCMCKernel):
             )
         if not (isinstance(chunk_size, int) and chunk_size > 0):
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
-        if not (
-            isinstance(num_steps, (int, np.integer))
-            and not isinstance(num_steps, bool)
-            and num_steps > 0
-        ):
+        if not _positive_int(num_steps):
             raise ValueError(
                 "num_steps must be a positive int (SG steps per sample; 1 is one "
                 f"step per sample as NumPyro's kernels take), got {num_steps!r}."
@@ -492,11 +497,7 @@ class _SGKernel(MCMCKernel):
                     "recentre_every moves the control variates' centre: pass "
                     "gradient='control_variates' with it."
                 )
-            if not (
-                isinstance(recentre_every, (int, np.integer))
-                and not isinstance(recentre_every, bool)
-                and recentre_every > 0
-            ):
+            if not _positive_int(recentre_every):
                 raise ValueError(
                     "recentre_every must be a positive int (warmup steps between "
                     f"re-centrings), got {recentre_every!r}."
