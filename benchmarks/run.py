@@ -813,7 +813,7 @@ def main(args):
     print(f"\n{elapsed / 60:.1f} minutes")
     if args.output:
         header = (
-            f"Command: `python benchmarks/run.py{' --quick' if args.quick else ''}`; "
+            f"Command: `python benchmarks/run.py{getattr(args, 'command_line', '')}`; "
             f"{os.cpu_count()} CPU cores, jax {jax.__version__}, numpyro "
             f"{numpyro.__version__}; {elapsed / 60:.1f} minutes.\n\n"
         )
@@ -889,4 +889,6 @@ def parse_args(argv=None):
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    arguments = parse_args()
+    arguments.command_line = "".join(f" {a}" for a in sys.argv[1:])
+    main(arguments)
