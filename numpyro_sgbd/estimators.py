@@ -398,7 +398,11 @@ class MinibatchEstimator(Estimator):
         model's parts outside the plate; ``"jacobian"`` takes one Jacobian of the
         n terms, min(n, d) times the cost of a minibatch gradient, but evaluates
         the parts outside the plate once (for a model whose prior costs more
-        than its likelihood).
+        than its likelihood). Either way, where n x d floats would pass
+        :attr:`row_budget` and the noise form needs only variances (the sd, or
+        ``covariance="diag"``), the gradients of the likelihood terms alone are
+        formed a chunk of rows at a time and reduced as they come
+        (:class:`StreamedRows`): memory O(chunk x d + d), never n x d.
     :param pullback: ``None``, or a linear map ``g -> L' g`` on flat gradients of
         shape (..., d) (a :class:`~numpyro_sgbd.preconditioning.Preconditioner`'s
         ``pull``): the gradient, the per-datum gradients behind the noise
@@ -604,7 +608,9 @@ class MinibatchEstimator(Estimator):
             # Large d: the minibatch gradient as without noise, and the gradients
             # of the likelihood terms alone (the prior and Jacobian are exact: no
             # noise), a chunk of rows at a time (memory O(chunk x d), never n x d).
-            jax.eval_shape(fn, z)  # the per-datum check below, while tracing
+            # Checks, while tracing only, that every observed site in the plate
+            # has one log-density per datum (a ValueError naming the site if not).
+            jax.eval_shape(fn, z)
 
             def term(z, i):
                 # h_i = (N / n) log p(y_i | z): the one-datum model weights its

@@ -1070,8 +1070,7 @@ class _SGKernel(MCMCKernel):
         # the programs `_build` compiles (mode search, Hessian, centre), eager
         # evaluation would run every operation on constants as a program of its
         # own, each compiled apart (about 100 of them, 3 s of a fresh run).
-        eager = _eager_if_traced((rng_key, model_args, model_kwargs))
-        with eager:
+        with _eager_if_traced((rng_key, model_args, model_kwargs)):
             self._build(model_args, model_kwargs)
         batched = not is_prng_key(rng_key)
         if batched:

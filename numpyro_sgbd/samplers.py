@@ -182,10 +182,11 @@ class SGBD(_FamilyKernel):
         compiled loop and returns the last. ``num_warmup`` and ``num_samples`` count
         samples, so a run takes ``num_steps * (num_warmup + num_samples)`` steps, and
         ``MCMC``'s ``thinning=t`` keeps every ``t * num_steps``-th step. The draws
-        in between are never stored or dispatched: with ``progress_bar=True`` (one
-        Python call per sample) a ``num_steps`` of 10 to 100 brings the bar's cost
-        to within a few percent of a bar-off run (see the benchmarks). Each draw's
-        chain is the same as with ``num_steps=1`` and ``thinning=num_steps``.
+        in between are never stored or dispatched: with ``progress_bar=True``
+        NumPyro's 0.1 to 0.2 ms of Python per sample is paid once per
+        ``num_steps`` steps. The chain is the one ``num_steps=1`` runs with
+        ``num_steps`` times the warmup, of which every ``num_steps``-th draw is
+        kept.
     :param int recentre_every: with control variates, move the centre during
         warmup: every ``recentre_every`` warmup steps it becomes the mean of the
         chain's unconstrained positions over those steps, with the full-data
