@@ -73,7 +73,6 @@ from numpyro_sgbd import (
     full_batch,
     posterior_mode,
 )
-from numpyro_sgbd.estimators import MinibatchEstimator
 
 KERNELS = [
     (f"{cls.__name__} {variant}", cls, variant)
@@ -399,16 +398,16 @@ def accuracy_child(spec):
     jax.block_until_ready((X, y))
     start = time.perf_counter()
     with compile_seconds() as compiling:
-        draws = _accuracy_draws(spec, X, y)
+        draws, phases = _accuracy_draws(spec, X, y)
     seconds = time.perf_counter() - start
     out = {"seconds": seconds, "compile_seconds": compiling[0]}
-    if "setup_end" in spec:
+    if phases:
         # The default kernels: compiling before NumPyro traces the sampling loop
         # (mode search, Hessian, centre, initial state) and after (the loop).
-        end = spec["setup_end"]
+        started, end = phases
         out["setup_compile"] = _covered([s for s in compiling[1] if s[0] < end])
         out["loop_compile"] = _covered([s for s in compiling[1] if s[0] >= end])
-        out["setup_seconds"] = end - spec["started"]
+        out["setup_seconds"] = end - started
     if spec["method"] == "NUTS":
         np.save(spec["ref"], draws)
     else:
@@ -417,7 +416,14 @@ def accuracy_child(spec):
     print(json.dumps(out))
 
 
+def _default_warmup(num_samples):
+    """Warmup of the default kernels' runs in section (e')."""
+    return max(200, num_samples // 10)
+
+
 def _accuracy_draws(spec, X, y):
+    """``(draws, phases)``: ``phases`` is ``(start, end of set-up)`` in
+    ``time.time()`` seconds for the default kernels, else ``None``."""
     n = 1000
     if spec["method"] == "NUTS":
         mcmc = MCMC(
@@ -427,7 +433,7 @@ def _accuracy_draws(spec, X, y):
             progress_bar=False,
         )
         mcmc.run(random.key(1), X, y, n)
-        return np.asarray(mcmc.get_samples()["w"], np.float64)
+        return np.asarray(mcmc.get_samples()["w"], np.float64), None
     if spec["method"].endswith("default"):
         # What a user writes: the kernel with its defaults (warmup adaptation:
         # mode search, preconditioner, control variates, adapted step).
@@ -435,20 +441,19 @@ def _accuracy_draws(spec, X, y):
         kernel = cls(functools.partial(model, subsample_size=n))
         mcmc = MCMC(
             kernel,
-            num_warmup=max(200, spec["num_samples"] // 10),
+            num_warmup=_default_warmup(spec["num_samples"]),
             num_samples=spec["num_samples"],
             progress_bar=False,
             jit_model_args=True,
         )
-        spec["started"] = time.time()
+        started = time.time()
         mcmc.run(random.key(2), X, y)
         draws = np.asarray(mcmc.get_samples()["w"], np.float64)
         # The kernel notes (None, perf_counter()) at init and when NumPyro
         # traces its step: the second is where the sampling loop's compilation
         # begins.
         traced = [t for i, t in kernel._clock if i is None][1]
-        spec["setup_end"] = traced - time.perf_counter() + time.time()
-        return draws
+        return draws, (started, traced - time.perf_counter() + time.time())
     # The whole pipeline a user runs: the mode (centre, start, per-coordinate
     # scales), then the kernel, compiled and run.
     cls = {"SGBD": SGBD, "SGLD": SGLD}[spec["method"]]
@@ -469,7 +474,7 @@ def _accuracy_draws(spec, X, y):
         jit_model_args=True,  # the data as arguments of the loop, not constants
     )
     mcmc.run(random.key(2), X, y)
-    return np.asarray(mcmc.get_samples()["w"], np.float64)
+    return np.asarray(mcmc.get_samples()["w"], np.float64), None
 
 
 def _child(flag, spec, env=None):
@@ -572,7 +577,7 @@ def default_rows(table, args, base, nuts_seconds):
             second = _child("--accuracy-child", spec, env)
         table.row(
             method,
-            f"{max(200, num_samples // 10)}+{num_samples}",
+            f"{_default_warmup(num_samples)}+{num_samples}",
             out["seconds"],
             out["setup_seconds"],
             out["setup_compile"],
@@ -686,18 +691,17 @@ def progress_bar(table, args):
         table.row(name, 1e6 * off, 1e6 * on, on / off)
 
 
-def high_dim_child(name, num_steps, row_budget):
-    """Run in a subprocess: one kernel on the matrix-factorisation example's full
-    MovieLens data (d = 194,820, n = 800): seconds per step of a compiled loop of
-    ``num_steps`` steps, the working memory XLA allocates for it (temporaries,
-    beyond its arguments: data, state and parameters) and the growth of the
-    resident memory's peak while it runs."""
+def high_dim_child(spec):
+    """Run in a subprocess: kernel ``spec["kernel"]`` on the matrix-factorisation
+    example's full MovieLens data (d = 194,820, n = 800): seconds per step of a
+    compiled loop of ``spec["num_steps"]`` steps, the working memory XLA
+    allocates for it (temporaries, beyond its arguments: data, state and
+    parameters) and the growth of the resident memory's peak while it runs."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from examples.matrix_factorisation import load_data
     from examples.matrix_factorisation import model as bpmf
 
-    if row_budget:
-        MinibatchEstimator.row_budget = row_budget
+    name, num_steps = spec["kernel"], spec["num_steps"]
     train, _, num_users, num_movies = load_data()
     n = train[0].shape[0] // 100
     model_n = functools.partial(
@@ -747,13 +751,8 @@ def high_dim(table, args):
     """Section (h)."""
     rows = {}
     for name in ("SGBD vanilla", "SGBD corrected", "NOGIN diag"):
-        command = [sys.executable, __file__, "--high-dim-child", name]
-        command += ["--high-dim-steps", str(args.high_dim_steps)]
-        out = subprocess.run(command, capture_output=True, text=True)
-        if out.returncode != 0:
-            print(out.stderr[-2000:])
-            raise RuntimeError(f"high-dim child {name!r} failed")
-        rows[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        spec = {"kernel": name, "num_steps": args.high_dim_steps}
+        rows[name] = _child("--high-dim-child", spec)
         if len(rows) == 1:
             m = rows[name]
             floats = 4 * (m["n"] + m["d"])
@@ -778,7 +777,7 @@ def main(args):
         accuracy_child(json.loads(args.accuracy_child))
         return
     if args.high_dim_child:
-        high_dim_child(args.high_dim_child, args.high_dim_steps, 0)
+        high_dim_child(json.loads(args.high_dim_child))
         return
     if args.memory_child:
         memory_child(

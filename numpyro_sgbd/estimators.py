@@ -603,14 +603,14 @@ class MinibatchEstimator(Estimator):
             value, grad = jax.value_and_grad(lambda z: fn(z)[0])(z)
             return value, grad, None
         ((name, (_, n, _)),) = self.plates.items()
+        # Checks, while tracing only, that every observed site in the plate has
+        # one log-density per datum (raises a ValueError naming the site if not).
+        jax.eval_shape(fn, z)
         chunk = self._rows_per_chunk(z, n)
         if chunk < n:
             # Large d: the minibatch gradient as without noise, and the gradients
             # of the likelihood terms alone (the prior and Jacobian are exact: no
             # noise), a chunk of rows at a time (memory O(chunk x d), never n x d).
-            # Checks, while tracing only, that every observed site in the plate
-            # has one log-density per datum (a ValueError naming the site if not).
-            jax.eval_shape(fn, z)
 
             def term(z, i):
                 # h_i = (N / n) log p(y_i | z): the one-datum model weights its
@@ -634,9 +634,6 @@ class MinibatchEstimator(Estimator):
             jac = jax.jacfwd if _flat_size(z) <= n else jax.jacrev
             (grad, per_datum_grads), value = jac(with_value, has_aux=True)(z)
             return value, grad, per_datum_grads
-        # Checks, while tracing only, that every observed site in the plate has
-        # one log-density per datum (raises a ValueError naming the site if not).
-        jax.eval_shape(fn, z)
 
         def one(z, i):
             # The model on the single datum i: U_i = -log prior - N log p(y_i | z).
