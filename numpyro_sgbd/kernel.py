@@ -51,7 +51,8 @@ from numpyro_sgbd.modes import (
     check_mode,
     find_mode,
     full_data_objective,
-    hessian,
+    mode_hessian,
+    public_info,
     search_centre,
 )
 from numpyro_sgbd.sharding import any_sharded, data_sharding
@@ -516,6 +517,7 @@ class _SGKernel(MCMCKernel):
         #: search's report, L's form, memory and cost, and the step size's target.
         self.adaptation_info = None
         self._mode = None
+        self._mode_value_grad = None
         self._preconditioner_cache = None
         self._batched = False
         self._gradient_arg = gradient
@@ -692,7 +694,7 @@ class _SGKernel(MCMCKernel):
         )
         searched = time.perf_counter()
         if form == "dense":
-            pre = preconditioning.dense(mode, hessian(objective.hvp, mode))
+            pre = preconditioning.dense(mode, mode_hessian(objective, mode, info))
         elif form == "lowrank":
             pre = preconditioning.lowrank(
                 mode, info["hessian_diag"], lambda v: objective.hvp(mode, v)
@@ -702,7 +704,13 @@ class _SGKernel(MCMCKernel):
         seconds = time.perf_counter() - start
         self.preconditioner = pre
         self._mode = objective.unravel(mode)
-        report = {k: v for k, v in info.items() if k not in ("hessian_diag", "worst")}
+        # U and grad U at the mode, from the search's last evaluation: the
+        # control variates' centre is this mode, and needs no pass of its own.
+        self._mode_value_grad = (
+            jnp.asarray(info["potential"], mode.dtype),
+            objective.unravel(jnp.asarray(info["gradient"], mode.dtype)),
+        )
+        report = public_info(info)
         self.adaptation_info = {
             "preconditioner": form,
             "why": why,
@@ -733,6 +741,7 @@ class _SGKernel(MCMCKernel):
         self._preconditioner_cache = other._preconditioner_cache
         self.preconditioner = other.preconditioner
         self._mode = other._mode
+        self._mode_value_grad = other._mode_value_grad
         self.adaptation_info = other.adaptation_info
         self._centre_cache = other._centre_cache
         self.centre_info = other.centre_info
@@ -944,11 +953,13 @@ class _SGKernel(MCMCKernel):
                         "source": "Newton-CG",
                         **self.adaptation_info["mode_search"],
                     }
+                    potential, grad = self._mode_value_grad
+                    grad = plain._pull(grad)[0]
                 else:
                     centre, self.centre_info = search_centre(
                         self._model, model_args, model_kwargs, self._chunk_size
                     )
-                potential, grad = full(centre)
+                    potential, grad = full(centre)
             if _has_tracer((potential, grad)):
                 return centre, potential, grad
             self._centre_cache = (key, arrays, (centre, potential, grad))

@@ -171,6 +171,22 @@ def full_data_objective(
     )
 
 
+def public_info(info):
+    """:func:`find_mode`'s report without its arrays (the Hessian's diagonal, the
+    gradient and Hessian at the point) and the flat index ``worst``: what the
+    kernels and :func:`posterior_mode` report."""
+    private = ("hessian_diag", "worst", "gradient", "hessian")
+    return {k: v for k, v in info.items() if k not in private}
+
+
+def mode_hessian(objective, x, info):
+    """The symmetrised Hessian at ``find_mode``'s point ``x``: the one the search
+    formed there (up to 64 parameters), else d Hessian-vector products."""
+    if info.get("hessian") is not None:
+        return info["hessian"]
+    return hessian(objective.hvp, x)
+
+
 def _hessian_rows(hvp, x, *, block=64):
     """Yields ``(start, rows)``: rows ``start..start+b`` of the Hessian at ``x``, b
     Hessian-vector products at a time (the last block padded with zero rows, so
@@ -218,21 +234,23 @@ def hessian(hvp, x, *, block=64):
     return 0.5 * (out + out.T)
 
 
-def _curvature_estimate(hvp, x, *, probes=16, exact_below=None, seed=0):
-    """A positive diagonal preconditioner at the start: the Hessian's diagonal,
-    exact for d <= ``exact_below``, else Hutchinson's estimate E[v * Hv] with
-    ``probes`` Rademacher vectors (its error only slows the search)."""
-    d = x.shape[0]
-    if d <= (_EXACT_BELOW if exact_below is None else exact_below):
-        diag = hessian_diagonal(hvp, x)
-    else:
-        signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(probes, d))
-        rows = np.asarray(hvp(x, jnp.asarray(signs, x.dtype)), np.float64)
-        diag = np.mean(signs * rows, axis=0)
+def _curvature_estimate(hvp, x, *, probes=16, seed=0):
+    """A positive diagonal preconditioner: Hutchinson's estimate E[v * Hv] of the
+    Hessian's diagonal with ``probes`` Rademacher vectors (its error only slows the
+    search)."""
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(probes, x.shape[0]))
+    rows = np.asarray(hvp(x, jnp.asarray(signs, x.dtype)), np.float64)
+    return _positive_diagonal(np.mean(signs * rows, axis=0))
+
+
+def _positive_diagonal(diag):
+    """``|diag|`` raised to 1e-8 times its largest entry, with entries that are
+    zero or not finite set to the median of the others (all ones where none is
+    finite and positive)."""
     diag = np.abs(diag)
     ok = np.isfinite(diag) & (diag > 0)
     if not np.any(ok):
-        return np.ones(d)
+        return np.ones_like(diag)
     floor = 1e-8 * np.max(diag[ok])
     return np.where(ok, np.maximum(diag, floor), np.median(diag[ok]))
 
@@ -263,14 +281,16 @@ def _damped_cg(hvp, grad, damping, max_cg):
 
 
 def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"):
-    """Minimise ``objective``'s potential from its start by damped Newton-CG: no
-    d x d array is formed.
+    """Minimise ``objective``'s potential from its start by damped Newton-CG: above
+    64 parameters no d x d array is formed.
 
     Each step solves ``(H + damping I) p = -g`` by conjugate gradients on
     Hessian-vector products (Nocedal & Wright 2006, Algorithm 5.2), in coordinates
-    scaled by the Hessian's diagonal (exact and renewed every step up to 64
-    parameters; above, Hutchinson's estimate from 16 products, renewed every ten
-    steps), so that a unit is about a posterior sd. The damping follows
+    scaled by the Hessian's diagonal, so that a unit is about a posterior sd. Up to
+    64 parameters the Hessian itself is formed every step (d products in one pass
+    over the data), its diagonal is the scaling and CG multiplies by it on the
+    host; above, each CG product is a pass of its own and the scaling is
+    Hutchinson's estimate from 16 products, renewed every ten steps. The damping follows
     Levenberg-Marquardt's rule on the ratio of actual to predicted decrease (their
     Section 10.3 with the test of Algorithm 4.1); near the mode, where float32
     cannot resolve a step's decrease in the potential, the actual decrease is taken
@@ -306,7 +326,30 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
         value, grad = objective.value_and_grad(jnp.asarray(x, dtype))
         return float(value), np.asarray(grad, np.float64)
 
+    d = objective.x0.shape[0]
+    small = d <= _EXACT_BELOW
+    memo = {}
+
+    def hessian_at(x):
+        """Up to ``_EXACT_BELOW`` parameters: the Hessian at ``x``, d products in
+        one call, kept for the last point asked. The scaling needs its diagonal
+        every step anyway, and CG's products are then matrix products on the
+        host instead of a pass over the data each (and a program of their own)."""
+        key = x.tobytes()
+        if key not in memo:
+            memo.clear()
+            counts["hvp"] += d
+            memo[key] = hessian(objective.hvp, jnp.asarray(x, dtype))
+        return memo[key]
+
+    def curvature_at(x):
+        if small:
+            return _positive_diagonal(np.diag(hessian_at(x)))
+        return _curvature_estimate(objective.hvp, jnp.asarray(x, dtype))
+
     def hvp_at(x):
+        if small:
+            return hessian_at(x).__matmul__
         x = jnp.asarray(x, dtype)
 
         def product(v):
@@ -323,15 +366,14 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
             f"{what}: the potential or its gradient is not finite at the "
             f"init_to_median start (U = {value}): check the model's priors and data."
         )
-    d = x.shape[0]
     rows = f", N = {objective.num_data}" if objective.num_data else ""
     _log.info(
         "%s: damped Newton-CG on the full-data potential, d = %d%s", what, d, rows
     )
-    scale = 1.0 / np.sqrt(_curvature_estimate(objective.hvp, jnp.asarray(x, dtype)))
+    scale = 1.0 / np.sqrt(curvature_at(x))
     noise = 16 * float(jnp.finfo(dtype).eps)
     damping, iterations, refreshes = 1.0, 0, 0
-    rescale_every = 1 if d <= _EXACT_BELOW else 10
+    rescale_every = 1 if small else 10
     last_log = time.perf_counter()
     while True:
         stop, decrement = "max_iter", np.inf
@@ -340,9 +382,7 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
             if iterations and iterations % rescale_every == 0:
                 # The curvature changes as the search moves (a scale parameter's
                 # by orders of magnitude from a far start): re-estimate it.
-                scale = 1.0 / np.sqrt(
-                    _curvature_estimate(objective.hvp, jnp.asarray(x, dtype))
-                )
+                scale = 1.0 / np.sqrt(curvature_at(x))
 
             def scaled_hvp(v):
                 return scale * hvp(scale * v)
@@ -409,8 +449,11 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
                 lambda v: scale * hvp(scale * v), scale * grad, 0.0, max_cg
             )
             decrement = -((scale * grad) @ step) if status == "solved" else np.inf
-        diag = hessian_diagonal(objective.hvp, jnp.asarray(x, dtype))
-        counts["hvp"] += d
+        if small:
+            diag = np.diag(hessian_at(x))
+        else:
+            diag = hessian_diagonal(objective.hvp, jnp.asarray(x, dtype))
+            counts["hvp"] += d
         with np.errstate(divide="ignore", invalid="ignore"):
             scaled = np.where(diag > 0, np.abs(grad) / np.sqrt(diag), np.inf)
         worst = int(np.argmax(scaled)) if d else 0
@@ -452,6 +495,11 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
         "converged": converged,
         "stop": stop,
         "seconds": seconds,
+        # Private (see `public_info`): the gradient at x, so that a control
+        # variate centred there needs no pass of its own, and the Hessian there
+        # where it was formed (up to _EXACT_BELOW parameters).
+        "gradient": grad,
+        "hessian": hessian_at(x) if small else None,
     }
     _log.info(
         "%s: %s after %d Newton-CG steps (%d full-data gradients, %d Hessian-vector "
@@ -596,8 +644,7 @@ def posterior_mode(
     widened = full_batch(model)
     params = constrain_fn(widened, model_args, model_kwargs, objective.unravel(mode))
     diag = objective.unravel(jnp.asarray(info["hessian_diag"], mode.dtype))
-    public = {k: v for k, v in info.items() if k not in ("hessian_diag", "worst")}
-    return PosteriorMode(params, diag, public)
+    return PosteriorMode(params, diag, public_info(info))
 
 
 def search_centre(model, model_args, model_kwargs, chunk_size):
@@ -619,5 +666,4 @@ def search_centre(model, model_args, model_kwargs, chunk_size):
         "the model's priors.",
         stacklevel=6,
     )
-    report = {k: v for k, v in info.items() if k not in ("hessian_diag", "worst")}
-    return centre, {"centre": centre, "source": "Newton-CG", **report}
+    return centre, {"centre": centre, "source": "Newton-CG", **public_info(info)}

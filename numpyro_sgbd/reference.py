@@ -35,7 +35,7 @@ from numpyro_sgbd.modes import (
     check_mode,
     find_mode,
     full_data_objective,
-    hessian,
+    mode_hessian,
     posterior_mode,
 )
 
@@ -430,7 +430,7 @@ def reference_posterior(
             "Use laplace=False, or check the model's priors.",
             stacklevel=4,
         )
-        w = _laplace_map(hessian(objective.hvp, mode))
+        w = _laplace_map(mode_hessian(objective, mode, info))
         unravel = objective.unravel
         flat_potential, arrays = _flat_potential(
             widened, model_args, model_kwargs, unravel

@@ -109,8 +109,16 @@ def test_the_step_is_adapted_per_chain_and_fixed_after_warmup(adapted_run):
     info = kernel.adaptation_info
     assert info["preconditioner"] == "dense" and info["mode_search"]["converged"]
     assert info["seconds"] > 0 and info["preconditioner_bytes"] == (2 * D * D + D) * 4
-    # The control variates' centre is the mode the adaptation found: one search.
+    # The control variates' centre is the mode the adaptation found: one search,
+    # whose last evaluation gives U and grad U there (pulled back to u as a pass
+    # over the data would give them).
     assert kernel.centre_info["source"] == "Newton-CG"
+    estimator = kernel._estimator
+    potential, grad = estimator.full_data_fn((X, Y))(estimator.centre)
+    np.testing.assert_allclose(estimator.centre_potential, potential, rtol=1e-6)
+    np.testing.assert_allclose(
+        estimator.centre_grad, grad, atol=1e-4 * float(jnp.max(jnp.abs(grad)))
+    )
     assert not [w for w in caught if "drifting" in str(w.message)]
     assert not [w for w in caught if "held the adapted step" in str(w.message)]
 

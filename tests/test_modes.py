@@ -224,6 +224,36 @@ def test_the_search_forms_no_d_by_d_array():
     assert np.all(np.isfinite(np.asarray(mode)))
 
 
+def test_a_small_search_forms_the_hessian_once_per_point():
+    """Up to 64 parameters each Newton step forms the Hessian in one call of d
+    products (CG multiplies by it on the host): the objective's products come
+    only in (d, d) blocks, one program, and the report's Hessian is the one at the
+    mode. Checked against an injected defect: CG's single products through the
+    objective (the previous design) fail the shape check."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(500, 4)).astype(np.float32)
+    y = (X @ np.array([1.0, -0.5, 0.25, 2.0]) + rng.normal(size=500)).astype(
+        np.float32
+    )
+    objective = full_data_objective(_ridge_model, (X, y), chunk_size=128)
+    d = objective.x0.shape[0]
+    shapes = []
+
+    def recorded(x, vectors):
+        shapes.append(tuple(vectors.shape))
+        return objective.hvp(x, vectors)
+
+    mode, info = find_mode(objective._replace(hvp=recorded))
+    assert info["converged"]
+    assert set(shapes) == {(d, d)} and info["num_hvp"] == d * len(shapes)
+    exact = X.T.astype(np.float64) @ X + np.eye(d)  # Normal(0, 1) prior, unit noise
+    np.testing.assert_allclose(info["hessian"], exact, rtol=1e-4)
+    np.testing.assert_allclose(np.diag(info["hessian"]), info["hessian_diag"])
+    np.testing.assert_allclose(
+        np.linalg.solve(exact, X.T.astype(np.float64) @ y), mode, rtol=1e-3
+    )
+
+
 def test_one_pass_and_chunked_potentials_agree():
     """Chunked (one subsample plate) and one-pass (full_batch) objectives give the
     same potential, gradient and Hessian-vector products; 3,000 rows in chunks of
