@@ -232,9 +232,7 @@ def test_a_small_search_forms_the_hessian_once_per_point():
     objective (the previous design) fail the shape check."""
     rng = np.random.default_rng(3)
     X = rng.normal(size=(500, 4)).astype(np.float32)
-    y = (X @ np.array([1.0, -0.5, 0.25, 2.0]) + rng.normal(size=500)).astype(
-        np.float32
-    )
+    y = (X @ np.array([1.0, -0.5, 0.25, 2.0]) + rng.normal(size=500)).astype(np.float32)
     objective = full_data_objective(_ridge_model, (X, y), chunk_size=128)
     d = objective.x0.shape[0]
     shapes = []
