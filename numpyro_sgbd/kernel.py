@@ -43,6 +43,7 @@ from numpyro_sgbd.estimators import (
     MinibatchEstimator,
     PotentialEstimator,
     _finite_tree,
+    as_jax_arrays,
     split_arrays,
     unconstrained_centre,
 )
@@ -246,6 +247,69 @@ def wall_time(kernel, mcmc):
             return None
         total += t_b - one["start"] + (i_end - i_b) * rate
     return total
+
+
+def _model_structure(model, model_args, model_kwargs):
+    """``(plates, dims, shapes, deterministic)`` of ``model`` from one trace with
+    ``init_to_sample`` values: its subsample plates ``{name: (size, n)}``, the
+    batch dim of each plate an observed site sits in, the unconstrained shape of
+    each latent site, and the deterministic sites inside a subsample plate.
+    Validates the model (NumPyro's plate check as NUTS runs it; no discrete
+    latent site, none inside a subsample plate).
+
+    The trace is abstract (:func:`jax.eval_shape`): run op by op, it compiled
+    some twenty one-operation programs, about a second of a fresh process. Only
+    static facts leave it."""
+    found = {}
+    # NumPy data indexed by the plate's traced indices (X[idx]) must be JAX arrays.
+    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+
+    def structure():
+        recorder = SubsamplePlates(model)
+        prototype = handlers.substitute(
+            handlers.seed(recorder, random.key(0)), substitute_fn=init_to_sample
+        )
+        trace = handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
+        # NumPyro's own check of the model's plates, as NUTS runs it (it warns
+        # when a batch dimension has no plate). Private in NumPyro: skipped where
+        # a version lacks it.
+        validate = getattr(numpyro.util, "_validate_model", None)
+        if validate is not None:
+            validate(trace, plate_warning="loose")
+        plates = recorder.plates
+        dims = {}
+        shapes = {}
+        deterministic = []
+        for name, site in trace.items():
+            in_plates = [
+                f for f in site.get("cond_indep_stack", []) if f.name in plates
+            ]
+            if site["type"] == "deterministic" and in_plates:
+                deterministic.append(name)
+            if site["type"] != "sample":
+                continue
+            if site["is_observed"]:
+                for frame in in_plates:
+                    dims[frame.name] = frame.dim
+                continue
+            if site["fn"].support.is_discrete:
+                raise ValueError(
+                    f"Site '{name}' is a discrete latent variable; stochastic-gradient "
+                    "kernels need continuous parameters. Marginalise it out (e.g. "
+                    "with a mixture distribution) or observe it."
+                )
+            if in_plates:
+                raise ValueError(
+                    f"Site '{name}' is a latent variable inside the subsample plate "
+                    f"'{in_plates[0].name}'. Only global parameters can be sampled "
+                    "with minibatches: move it out of the plate, or marginalise it."
+                )
+            unconstrained = biject_to(site["fn"].support).inv(site["value"])
+            shapes[name] = tuple(jnp.shape(unconstrained))
+        found["out"] = (recorder.plates, dims, shapes, deterministic)
+
+    jax.eval_shape(structure)
+    return found["out"]
 
 
 def _check_positive(value, where):
@@ -780,47 +844,9 @@ class _SGKernel(MCMCKernel):
             else:
                 self._estimator = CustomEstimator(self._gradient_fn)
             return
-        recorder = SubsamplePlates(self._model)
-        prototype = handlers.substitute(
-            handlers.seed(recorder, random.key(0)), substitute_fn=init_to_sample
+        plates, dims, shapes, deterministic = _model_structure(
+            self._model, model_args, model_kwargs
         )
-        trace = handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
-        # NumPyro's own check of the model's plates, as NUTS runs it (it warns
-        # when a batch dimension has no plate). Private in NumPyro: skipped where
-        # a version lacks it.
-        validate = getattr(numpyro.util, "_validate_model", None)
-        if validate is not None:
-            validate(trace, plate_warning="loose")
-        plates = recorder.plates
-        dims = {}
-        shapes = {}
-        deterministic = []
-        for name, site in trace.items():
-            in_plates = [
-                f for f in site.get("cond_indep_stack", []) if f.name in plates
-            ]
-            if site["type"] == "deterministic" and in_plates:
-                deterministic.append(name)
-            if site["type"] != "sample":
-                continue
-            if site["is_observed"]:
-                for frame in in_plates:
-                    dims[frame.name] = frame.dim
-                continue
-            if site["fn"].support.is_discrete:
-                raise ValueError(
-                    f"Site '{name}' is a discrete latent variable; stochastic-gradient "
-                    "kernels need continuous parameters. Marginalise it out (e.g. "
-                    "with a mixture distribution) or observe it."
-                )
-            if in_plates:
-                raise ValueError(
-                    f"Site '{name}' is a latent variable inside the subsample plate "
-                    f"'{in_plates[0].name}'. Only global parameters can be sampled "
-                    "with minibatches: move it out of the plate, or marginalise it."
-                )
-            unconstrained = biject_to(site["fn"].support).inv(site["value"])
-            shapes[name] = tuple(jnp.shape(unconstrained))
         if not plates:
             warnings.warn(
                 "The model has no subsampled plate, so every step uses the full data "
@@ -873,9 +899,7 @@ class _SGKernel(MCMCKernel):
             sharding=sharding,
         )
         if self._gradient == "control_variates":
-            self._estimator = self._control_variates(
-                trace, shapes, model_args, model_kwargs
-            )
+            self._estimator = self._control_variates(shapes, model_args, model_kwargs)
         # Drawn by NumPy: a compiled draw_indices here took 0.2 s of every run.
         rng = np.random.default_rng(0)
         self.log_likelihood_indices = {
@@ -890,7 +914,7 @@ class _SGKernel(MCMCKernel):
             for name, (size, n) in plates.items()
         }
 
-    def _control_variates(self, trace, shapes, model_args, model_kwargs):
+    def _control_variates(self, shapes, model_args, model_kwargs):
         """The control-variate estimator: the centre (given or searched), and the
         full-data potential and gradient there, computed once in chunks."""
         plain = self._estimator
@@ -906,7 +930,7 @@ class _SGKernel(MCMCKernel):
             centre = potential = grad = None
         else:
             centre, potential, grad = self._fixed_centre(
-                plain, trace, shapes, model_args, model_kwargs
+                plain, shapes, model_args, model_kwargs
             )
         return ControlVariateEstimator(
             plain,
@@ -917,7 +941,7 @@ class _SGKernel(MCMCKernel):
             chunk_size=self._chunk_size,
         )
 
-    def _fixed_centre(self, plain, trace, shapes, model_args, model_kwargs):
+    def _fixed_centre(self, plain, shapes, model_args, model_kwargs):
         """The given or searched centre with the full-data potential and gradient
         there, cached per dataset."""
         key, arrays = _args_key(model_args, model_kwargs)
@@ -929,6 +953,12 @@ class _SGKernel(MCMCKernel):
                 model_args, model_kwargs, chunk_size=self._chunk_size
             )
             if self._centre_arg is not None:
+                # A concrete trace: the sites' supports, which may hold arrays.
+                prototype = handlers.substitute(
+                    handlers.seed(self._model, random.key(0)),
+                    substitute_fn=init_to_sample,
+                )
+                trace = handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
                 centre = unconstrained_centre(self._centre_arg, trace, shapes)
                 start = time.perf_counter()
                 potential, grad = full(centre)

@@ -93,12 +93,18 @@ class Objective(NamedTuple):
 
 
 def _subsample_plates(model, model_args, model_kwargs):
-    """``{name: (size, subsample_size)}`` of the plates that subsample."""
+    """``{name: (size, subsample_size)}`` of the plates that subsample, from an
+    abstract trace (:func:`jax.eval_shape`: op by op, it compiled some twenty
+    one-operation programs)."""
     recorder = SubsamplePlates(model)
-    prototype = handlers.substitute(
-        handlers.seed(recorder, random.key(0)), substitute_fn=init_to_sample
-    )
-    handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
+
+    def trace():
+        prototype = handlers.substitute(
+            handlers.seed(recorder, random.key(0)), substitute_fn=init_to_sample
+        )
+        handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
+
+    jax.eval_shape(trace)
     return {k: v for k, v in recorder.plates.items() if v[1] < v[0]}
 
 
