@@ -90,6 +90,9 @@ class Objective(NamedTuple):
     hvp: Callable
     #: Rows in the chunked plate, or ``None`` where the potential is one pass.
     num_data: int = None
+    #: ``(x, V) -> (U(x), grad U(x), H(x) V^T rows)`` in one pass, the program
+    #: ``hvp`` runs (``None``: the search calls ``value_and_grad`` and ``hvp``).
+    value_grad_hvp: Callable = None
 
 
 def _subsample_plates(model, model_args, model_kwargs):
@@ -162,18 +165,23 @@ def full_data_objective(
     value_and_grad = jax.jit(flat_value_and_grad)
 
     @jax.jit
-    def hvp(x, vectors, arrays):
-        def grad(x):
-            return flat_value_and_grad(x, arrays)[1]
+    def value_grad_hvp(x, vectors, arrays):
+        # The primal (U, grad U) does not depend on v: computed once, unbatched.
+        def one(v):
+            return jax.jvp(lambda x: flat_value_and_grad(x, arrays), (x,), (v,))
 
-        return jax.vmap(lambda v: jax.jvp(grad, (x,), (v,))[1])(vectors)
+        (value, grad), (_, products) = jax.vmap(one, out_axes=((None, None), 0))(
+            vectors
+        )
+        return value, grad, products
 
     return Objective(
         x0,
         unravel,
         lambda x: value_and_grad(x, arrays),
-        lambda x, vectors: hvp(x, vectors, arrays),
+        lambda x, vectors: value_grad_hvp(x, vectors, arrays)[2],
         num_data,
+        lambda x, vectors: value_grad_hvp(x, vectors, arrays),
     )
 
 
@@ -237,7 +245,12 @@ def hessian(hvp, x, *, block=64):
     out = np.empty((d, d))
     for start, rows in _hessian_rows(hvp, x, block=block):
         out[start : start + rows.shape[0]] = rows
-    return 0.5 * (out + out.T)
+    return _symmetric(out)
+
+
+def _symmetric(rows):
+    """The symmetric part of a square matrix of Hessian rows."""
+    return 0.5 * (rows + rows.T)
 
 
 def _curvature_estimate(hvp, x, *, probes=16, seed=0):
@@ -272,17 +285,20 @@ def _damped_cg(hvp, grad, damping, max_cg):
     tol = min(0.1, np.sqrt(g_norm)) * g_norm
     p, r = np.zeros_like(grad), grad.copy()
     direction = -r
-    for _ in range(max_cg):
-        hd = hvp(direction) + damping * direction
-        curvature = direction @ hd
-        if not (np.isfinite(curvature) and curvature > 0):
-            return p, r, "negative"
-        alpha = (r @ r) / curvature
-        p, r_new = p + alpha * direction, r + alpha * hd
-        if np.sqrt(r_new @ r_new) <= tol:
-            return p, r_new, "solved"
-        direction = -r_new + ((r_new @ r_new) / (r @ r)) * direction
-        r = r_new
+    # Overflow (a far start's huge curvatures) shows as a non-finite curvature,
+    # which ends the solve: NumPy need not warn about it.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(max_cg):
+            hd = hvp(direction) + damping * direction
+            curvature = direction @ hd
+            if not (np.isfinite(curvature) and curvature > 0):
+                return p, r, "negative"
+            alpha = (r @ r) / curvature
+            p, r_new = p + alpha * direction, r + alpha * hd
+            if np.sqrt(r_new @ r_new) <= tol:
+                return p, r_new, "solved"
+            direction = -r_new + ((r_new @ r_new) / (r @ r)) * direction
+            r = r_new
     return p, r, "max_cg"
 
 
@@ -327,25 +343,36 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
     dtype = objective.x0.dtype
     counts = {"gradients": 0, "hvp": 0}
 
-    def evaluate(x):
-        counts["gradients"] += 1
-        value, grad = objective.value_and_grad(jnp.asarray(x, dtype))
-        return float(value), np.asarray(grad, np.float64)
-
     d = objective.x0.shape[0]
-    small = d <= _EXACT_BELOW
+    # Up to _EXACT_BELOW parameters every evaluation also forms the Hessian (d
+    # products in the same pass over the data and the same program): the scaling
+    # needs its diagonal every step, and CG's products are then matrix products
+    # on the host instead of a pass over the data each (and a program of their
+    # own). Kept for the last two points (the current one and a rejected trial).
+    small = d <= _EXACT_BELOW and objective.value_grad_hvp is not None
+    basis = jnp.asarray(np.eye(d, dtype=dtype))  # np: jnp.eye compiles 5 programs
     memo = {}
 
+    def evaluate(x):
+        counts["gradients"] += 1
+        if not small:
+            value, grad = objective.value_and_grad(jnp.asarray(x, dtype))
+            return float(value), np.asarray(grad, np.float64)
+        value, grad, rows = objective.value_grad_hvp(jnp.asarray(x, dtype), basis)
+        counts["hvp"] += d
+        if len(memo) > 1:
+            del memo[next(iter(memo))]
+        memo[x.tobytes()] = _symmetric(np.asarray(rows, np.float64))
+        return float(value), np.asarray(grad, np.float64)
+
     def hessian_at(x):
-        """Up to ``_EXACT_BELOW`` parameters: the Hessian at ``x``, d products in
-        one call, kept for the last point asked. The scaling needs its diagonal
-        every step anyway, and CG's products are then matrix products on the
-        host instead of a pass over the data each (and a program of their own)."""
+        """The Hessian at ``x``: kept where ``evaluate`` saw it last or the one
+        before (several rejected trials in a row evict the current point)."""
         key = x.tobytes()
         if key not in memo:
-            memo.clear()
             counts["hvp"] += d
-            memo[key] = hessian(objective.hvp, jnp.asarray(x, dtype))
+            rows = objective.value_grad_hvp(jnp.asarray(x, dtype), basis)[2]
+            memo[key] = _symmetric(np.asarray(rows, np.float64))
         return memo[key]
 
     def curvature_at(x):

@@ -185,13 +185,14 @@ def dense(loc, hessian):
     eye = np.eye(h.shape[0])
     l_matrix = np.linalg.solve(r, eye).T  # R^-T: upper triangular
     dtype = jnp.result_type(loc)
+    # Cast on the host: a device-side cast or fill compiles a program of its own.
     return Preconditioner(
         "dense",
         jnp.asarray(loc, dtype),
-        jnp.ones(h.shape[0], dtype),
-        jnp.asarray(l_matrix, dtype),
+        jnp.asarray(np.ones(h.shape[0], dtype)),
+        jnp.asarray(l_matrix.astype(dtype)),
         None,
-        jnp.asarray(r.T, dtype),
+        jnp.asarray(r.T.astype(dtype)),
     )
 
 
@@ -208,7 +209,7 @@ def diagonal(loc, hessian_diag):
         raise _not_positive(f"diagonal entry {j} is {h[j]:.3g}")
     dtype = jnp.result_type(loc)
     return Preconditioner(
-        "diagonal", jnp.asarray(loc, dtype), jnp.asarray(h**-0.5, dtype)
+        "diagonal", jnp.asarray(loc, dtype), jnp.asarray((h**-0.5).astype(dtype))
     )
 
 

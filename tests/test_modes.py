@@ -225,11 +225,12 @@ def test_the_search_forms_no_d_by_d_array():
 
 
 def test_a_small_search_forms_the_hessian_once_per_point():
-    """Up to 64 parameters each Newton step forms the Hessian in one call of d
-    products (CG multiplies by it on the host): the objective's products come
-    only in (d, d) blocks, one program, and the report's Hessian is the one at the
-    mode. Checked against an injected defect: CG's single products through the
-    objective (the previous design) fail the shape check."""
+    """Up to 64 parameters each evaluation forms the Hessian too, d products in
+    the same pass (CG multiplies by it on the host): the search calls only the
+    objective's ``value_grad_hvp``, with (d, d) blocks, one program, and the
+    report's Hessian is the one at the mode. Checked against an injected defect:
+    CG's single products through the objective (the previous design) fail the
+    shape check."""
     rng = np.random.default_rng(3)
     X = rng.normal(size=(500, 4)).astype(np.float32)
     y = (X @ np.array([1.0, -0.5, 0.25, 2.0]) + rng.normal(size=500)).astype(np.float32)
@@ -239,11 +240,17 @@ def test_a_small_search_forms_the_hessian_once_per_point():
 
     def recorded(x, vectors):
         shapes.append(tuple(vectors.shape))
-        return objective.hvp(x, vectors)
+        return objective.value_grad_hvp(x, vectors)
 
-    mode, info = find_mode(objective._replace(hvp=recorded))
+    def unused(*args):
+        raise AssertionError("a pass of its own")
+
+    mode, info = find_mode(
+        objective._replace(value_and_grad=unused, hvp=unused, value_grad_hvp=recorded)
+    )
     assert info["converged"]
     assert set(shapes) == {(d, d)} and info["num_hvp"] == d * len(shapes)
+    assert info["num_evaluations"] <= len(shapes)
     exact = X.T.astype(np.float64) @ X + np.eye(d)  # Normal(0, 1) prior, unit noise
     np.testing.assert_allclose(info["hessian"], exact, rtol=1e-4)
     np.testing.assert_allclose(np.diag(info["hessian"]), info["hessian_diag"])
