@@ -1378,6 +1378,8 @@ class _SGKernel(MCMCKernel):
         if self._plates is None:
             self._build(model_args, model_kwargs)
 
+        drop = self._plate_deterministic
+
         # One compiled function, kept per argument structure: NumPyro's loop
         # first calls it eagerly (to size its buffers), where the model run op
         # by op compiled each operation apart (a dozen programs, about 0.7 s of
@@ -1392,7 +1394,6 @@ class _SGKernel(MCMCKernel):
 
             return constrained
 
-        drop = self._plate_deterministic
         fn, arrays = self._jit_over_data(
             "_postprocess_fns", make, model_args, model_kwargs
         )

@@ -309,14 +309,15 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
     Each step solves ``(H + damping I) p = -g`` by conjugate gradients on
     Hessian-vector products (Nocedal & Wright 2006, Algorithm 5.2), in coordinates
     scaled by the Hessian's diagonal, so that a unit is about a posterior sd. Up to
-    64 parameters the Hessian itself is formed every step (d products in one pass
-    over the data), its diagonal is the scaling and CG multiplies by it on the
-    host; above, each CG product is a pass of its own and the scaling is
-    Hutchinson's estimate from 16 products, renewed every ten steps. The damping follows
-    Levenberg-Marquardt's rule on the ratio of actual to predicted decrease (their
-    Section 10.3 with the test of Algorithm 4.1); near the mode, where float32
-    cannot resolve a step's decrease in the potential, the actual decrease is taken
-    from the gradients by the trapezoidal rule. It stops when an undamped CG solve
+    64 parameters the Hessian itself is formed with every evaluation (d products
+    in the same pass over the data), its diagonal is the scaling and CG
+    multiplies by it on the host; above, each CG product is a pass of its own
+    and the scaling is Hutchinson's estimate from 16 products, renewed every ten
+    steps. The damping follows Levenberg-Marquardt's rule on the ratio of actual
+    to predicted decrease (their Section 10.3 with the test of Algorithm 4.1);
+    near the mode, where float32 cannot resolve a step's decrease in the
+    potential, the actual decrease is taken from the gradients by the
+    trapezoidal rule. It stops when an undamped CG solve
     gives a squared Newton decrement ``g' H^-1 g`` and squared scaled gradients
     below ``tol``, after ``max_iter`` steps, or when the damping runs away. Then it
     takes the Hessian's diagonal at the point (d Hessian-vector products) and the
@@ -350,7 +351,8 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
     # on the host instead of a pass over the data each (and a program of their
     # own). Kept for the last two points (the current one and a rejected trial).
     small = d <= _EXACT_BELOW and objective.value_grad_hvp is not None
-    basis = jnp.asarray(np.eye(d, dtype=dtype))  # np: jnp.eye compiles 5 programs
+    # NumPy's eye: jnp.eye compiles five programs. Only where small: d x d.
+    basis = jnp.asarray(np.eye(d, dtype=dtype)) if small else None
     memo = {}
 
     def evaluate(x):
