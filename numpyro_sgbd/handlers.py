@@ -10,7 +10,10 @@ of the whole potential.
 """
 
 import jax
+from jax import random
 import jax.numpy as jnp
+from numpyro import handlers
+from numpyro.infer import init_to_sample
 from numpyro.primitives import Messenger
 
 __all__ = [
@@ -111,6 +114,16 @@ class subsample_size(Messenger):
             )
         msg["args"] = (size, n)
         msg["value"] = None  # drawn by NumPyro, or given by a handler outside
+
+
+def sample_trace(model, model_args, model_kwargs):
+    """A trace of ``model`` with its latent sites at draws from the prior
+    (``init_to_sample``, key 0): the sites, their distributions and shapes. Under
+    :func:`jax.eval_shape` it compiles nothing."""
+    prototype = handlers.substitute(
+        handlers.seed(model, random.key(0)), substitute_fn=init_to_sample
+    )
+    return handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
 
 
 class SubsamplePlates(Messenger):

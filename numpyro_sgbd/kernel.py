@@ -22,7 +22,6 @@ import numpyro
 from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.initialization import (
-    init_to_sample,
     init_to_uniform,
 )
 from numpyro.infer.mcmc import MCMCKernel
@@ -47,7 +46,7 @@ from numpyro_sgbd.estimators import (
     split_arrays,
     unconstrained_centre,
 )
-from numpyro_sgbd.handlers import SubsamplePlates
+from numpyro_sgbd.handlers import SubsamplePlates, sample_trace
 from numpyro_sgbd.modes import (
     check_mode,
     find_mode,
@@ -266,10 +265,7 @@ def _model_structure(model, model_args, model_kwargs):
 
     def structure():
         recorder = SubsamplePlates(model)
-        prototype = handlers.substitute(
-            handlers.seed(recorder, random.key(0)), substitute_fn=init_to_sample
-        )
-        trace = handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
+        trace = sample_trace(recorder, model_args, model_kwargs)
         # NumPyro's own check of the model's plates, as NUTS runs it (it warns
         # when a batch dimension has no plate). Private in NumPyro: skipped where
         # a version lacks it.
@@ -949,16 +945,15 @@ class _SGKernel(MCMCKernel):
         if cached is not None and cached[0] == key:
             centre, potential, grad = cached[2]
         else:
-            full = plain.full_data_fn(
-                model_args, model_kwargs, chunk_size=self._chunk_size
-            )
+
+            def full(centre):  # a pass over the data at the centre, compiled
+                return plain.full_data_fn(
+                    model_args, model_kwargs, chunk_size=self._chunk_size
+                )(centre)
+
             if self._centre_arg is not None:
                 # A concrete trace: the sites' supports, which may hold arrays.
-                prototype = handlers.substitute(
-                    handlers.seed(self._model, random.key(0)),
-                    substitute_fn=init_to_sample,
-                )
-                trace = handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
+                trace = sample_trace(self._model, model_args, model_kwargs)
                 centre = unconstrained_centre(self._centre_arg, trace, shapes)
                 start = time.perf_counter()
                 potential, grad = full(centre)

@@ -29,12 +29,9 @@ from typing import Callable, NamedTuple
 import warnings
 
 import jax
-from jax import random
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
-from numpyro import handlers
-from numpyro.infer import init_to_sample
 from numpyro.infer.util import constrain_fn, potential_energy
 
 from numpyro_sgbd.estimators import (
@@ -43,7 +40,7 @@ from numpyro_sgbd.estimators import (
     median_start,
     split_arrays,
 )
-from numpyro_sgbd.handlers import SubsamplePlates, full_batch
+from numpyro_sgbd.handlers import SubsamplePlates, full_batch, sample_trace
 from numpyro_sgbd.sharding import data_sharding
 
 __all__ = [
@@ -101,11 +98,8 @@ def _subsample_plates(model, model_args, model_kwargs):
     one-operation programs)."""
     recorder = SubsamplePlates(model)
 
-    def trace():
-        prototype = handlers.substitute(
-            handlers.seed(recorder, random.key(0)), substitute_fn=init_to_sample
-        )
-        handlers.trace(prototype).get_trace(*model_args, **model_kwargs)
+    def trace():  # the recorder keeps what is asked; nothing traced leaves
+        sample_trace(recorder, model_args, model_kwargs)
 
     jax.eval_shape(trace)
     return {k: v for k, v in recorder.plates.items() if v[1] < v[0]}
