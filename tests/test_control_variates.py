@@ -340,6 +340,9 @@ def logit_model(X, y):
         numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
 
 
+# Over 30 s (48 s in the default run's two workers): the recentring schedule's
+# mechanics stay in the default run (test_sgld_and_nogin_recentre_at_the_window_mean).
+@pytest.mark.slow
 def test_recentring_during_warmup_rescues_a_far_centre():
     """Logistic regression, N = 100,000, n = 100, corrected SGBD at 0.5 posterior
     sd, started and centred 30 sd from the mode. With the centre fixed there the

@@ -56,6 +56,19 @@ KERNELS = {
 ALL_KERNELS = pytest.mark.parametrize("kernel_name", sorted(KERNELS))
 
 
+def _one_kernel(keep):
+    """Parametrize ``kernel_name`` over KERNELS with all but ``keep`` marked slow:
+    for the chain-handling cases that the corrected variants share with the
+    vanilla ones in test_numpyro_contract (where every kernel meets them)."""
+    return pytest.mark.parametrize(
+        "kernel_name",
+        [
+            k if k == keep else pytest.param(k, marks=pytest.mark.slow)
+            for k in sorted(KERNELS)
+        ],
+    )
+
+
 @pytest.fixture(scope="module")
 def y_data():
     return 1.5 + random.normal(random.key(11), (N_DATA,))
@@ -139,7 +152,7 @@ def test_positive_constrained_parameter(y_data, kernel_name):
     _mcse_check(samples["v"], mean, sd)
 
 
-@ALL_KERNELS
+@_one_kernel("NOGIN")
 def test_chain_methods_agree(y_data, kernel_name):
     draws = {}
     for method in ("sequential", "vectorized", "parallel"):
@@ -159,7 +172,7 @@ def test_chain_methods_agree(y_data, kernel_name):
     assert not np.allclose(draws["sequential"][0], draws["sequential"][1])
 
 
-@ALL_KERNELS
+@_one_kernel("SGLD")
 def test_resume_equals_one_long_run(y_data, kernel_name):
     long = MCMC(
         KERNELS[kernel_name](gaussian_model),
@@ -184,7 +197,7 @@ def test_resume_equals_one_long_run(y_data, kernel_name):
     )
 
 
-@ALL_KERNELS
+@_one_kernel("SGBD")
 def test_pickling_kernel_and_mcmc(y_data, kernel_name):
     kernel = KERNELS[kernel_name](variance_model, sd=0.045)
     pickle.loads(pickle.dumps(kernel))

@@ -114,6 +114,30 @@ def _one_in_turn(names):
 ALL_KERNELS = _one_in_turn(KERNELS)
 EVERY_KERNEL = pytest.mark.parametrize("kernel_name", sorted(KERNELS))
 
+
+def _some_cases(argnames, cases, keep):
+    """Parametrize ``argnames`` over ``cases`` (tuples, one value per name), those
+    not in ``keep`` marked slow: a grid of NumPyro's options where the default run
+    keeps one case per option value and ``-m slow`` runs the rest."""
+    return pytest.mark.parametrize(
+        argnames,
+        [pytest.param(*c, marks=() if c in keep else pytest.mark.slow) for c in cases],
+    )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_compile():
+    """XLA's cheaper compile (``jax_disable_most_optimizations``) for this file: its
+    cases check NumPyro's API over short runs, each compiling NumPyro's loop anew,
+    and compiling is most of their time (21 test_chain* cases: 205 s, 158 s with
+    it; test_kernels and test_adaptation, long statistical runs, gained 5 %). The
+    numerics of the optimized programs are tested in the other files."""
+    before = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)
+
+
 N, SUBSAMPLE = 200, 20
 
 
@@ -169,8 +193,11 @@ def _no_tracers(obj, depth=2):
 
 # --------------------------------------------------------------------- chains
 @ALL_KERNELS
-@pytest.mark.parametrize("use_init_params", [False, True])
-@pytest.mark.parametrize("chain_method", ["parallel", "sequential", "vectorized"])
+@_some_cases(
+    "chain_method, use_init_params",
+    list(itertools.product(["parallel", "sequential", "vectorized"], [False, True])),
+    keep=[("parallel", True), ("sequential", False), ("vectorized", True)],
+)
 def test_chain(kernel_name, use_init_params, chain_method):
     # NumPyro's test_chain: logistic regression, two chains, a deterministic site.
     num_data, dim, num_chains = 2000, 3, 2
@@ -265,8 +292,11 @@ def test_kernel_built_outside_jit_runs_inside_it_and_again_outside(y, kernel_nam
 
 
 @ALL_KERNELS
-@pytest.mark.parametrize("chain_method", ["sequential", "parallel", "vectorized"])
-@pytest.mark.parametrize("jit_model_args", [False, True])
+@_some_cases(
+    "jit_model_args, chain_method",
+    list(itertools.product([False, True], ["sequential", "parallel", "vectorized"])),
+    keep=[(False, "sequential"), (True, "parallel"), (True, "vectorized")],
+)
 def test_chain_jit_args_smoke(y, kernel_name, chain_method, jit_model_args):
     # NumPyro's test_chain_jit_args_smoke: warmup, run, then run on new data.
     y2 = y[::-1] - 2.0
@@ -288,7 +318,7 @@ def test_chain_jit_args_smoke(y, kernel_name, chain_method, jit_model_args):
 
 # -------------------------------------------------- parallel chains end to end
 @ALL_KERNELS
-@pytest.mark.parametrize("jit_model_args", [False, True])
+@_some_cases("jit_model_args", [(False,), (True,)], keep=[(True,)])
 def test_parallel_chains_end_to_end(y, kernel_name, jit_model_args):
     """The issue's reproducer: parallel chains, then ArviZ, a second run, a resume
     and compare, with nothing the kernel keeps being a tracer."""
@@ -380,7 +410,7 @@ def test_adapted_chains_end_to_end(y, kernel_name, chain_method):
 
 
 @ADAPTED_KERNELS
-@pytest.mark.parametrize("jit_model_args", [False, True])
+@_some_cases("jit_model_args", [(False,), (True,)], keep=[(True,)])
 def test_adapted_reuse_mcmc_run(kernel_name, jit_model_args):
     # NumPyro's test_reuse_mcmc_run as NumPyro wrote it, with no init_params:
     # step_size=None finds each data set's mode and scale, as NUTS's warmup does.
@@ -408,8 +438,11 @@ def test_adapted_reuse_mcmc_run(kernel_name, jit_model_args):
 
 # ------------------------------------------------------------ runs and re-runs
 @ALL_KERNELS
-@pytest.mark.parametrize("jit_model_args", [False, True])
-@pytest.mark.parametrize("shape", [50, 100])
+@_some_cases(
+    "jit_model_args, shape",
+    list(itertools.product([False, True], [50, 100])),
+    keep=[(False, 50), (True, 100)],
+)
 def test_reuse_mcmc_run(kernel_name, jit_model_args, shape):
     # NumPyro's test_reuse_mcmc_run: run, then run again on new data of another
     # size; the second answer is the new data's. Both posteriors have sds of
@@ -443,7 +476,7 @@ def test_reuse_mcmc_run(kernel_name, jit_model_args, shape):
 
 
 @ALL_KERNELS
-@pytest.mark.parametrize("jit_model_args", [False, True])
+@_some_cases("jit_model_args", [(False,), (True,)], keep=[(False,)])
 def test_model_with_multiple_exec_paths(kernel_name, jit_model_args):
     # NumPyro's test: the latent sites change with the arguments between runs.
     rng = np.random.default_rng(0)
@@ -481,9 +514,10 @@ def test_model_with_multiple_exec_paths(kernel_name, jit_model_args):
 
 
 @ALL_KERNELS
-@pytest.mark.parametrize(
+@_some_cases(
     "num_chains, chain_method",
     [(1, "sequential"), (2, "sequential"), (2, "vectorized"), (2, "parallel")],
+    keep=[(1, "sequential"), (2, "vectorized")],
 )
 def test_compile_warmup_run(y, kernel_name, num_chains, chain_method):
     # NumPyro's test_compile_warmup_run: _compile, then warmup and run, equals one

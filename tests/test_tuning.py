@@ -97,10 +97,14 @@ def test_tune_finds_the_exact_arm_and_survives_a_blown_up_one(y):
     assert math.isinf(table.loc[8.0, "discrepancy"])
     assert table.loc[0.5, "status"] == "winner"
     assert table.loc[0.5, "discrepancy"] < table.loc[1e-4, "discrepancy"]
-    # One round of three arms: each is charged about a third of the budget (the
-    # last call of a group may overrun by one record).
+    # One round of three arms: each is charged at least its third of the budget,
+    # and the charges add up to no more than the wall time of the sampling calls
+    # (a group's call is shared among its arms; its last call may overrun). Not a
+    # timing tolerance: these hold however loaded the machine is (a +-20 % band
+    # on the sum failed at 3.7 s under load).
     assert result.rounds == 1
-    assert table["seconds"].sum() == pytest.approx(3.0, rel=0.2)
+    assert np.all(table["seconds"] >= 1.0 - 1e-9)
+    assert table["seconds"].sum() <= result.seconds["sampling"]
     assert set(result.seconds) == {"setup", "compile", "sampling", "scoring", "total"}
 
     mcmc = MCMC(result.kernel, num_warmup=100, num_samples=4000, progress_bar=False)
