@@ -58,8 +58,9 @@ ALL_KERNELS = pytest.mark.parametrize("kernel_name", sorted(KERNELS))
 
 def _one_kernel(keep):
     """Parametrize ``kernel_name`` over KERNELS with all but ``keep`` marked slow:
-    for the chain-handling cases that the corrected variants share with the
-    vanilla ones in test_numpyro_contract (where every kernel meets them)."""
+    for the chain-handling cases (chain methods, resuming, pickling), which
+    test_numpyro_contract also runs on the vanilla kernels; ``-m slow`` runs them
+    for every kernel here."""
     return pytest.mark.parametrize(
         "kernel_name",
         [
