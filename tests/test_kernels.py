@@ -7,6 +7,7 @@ first-order kernels) and NOGIN (momentum state, noise covariance).
 import pickle
 import warnings
 
+from _cases import one_kernel
 import arviz as az
 import jax
 from jax import random
@@ -54,20 +55,6 @@ KERNELS = {
     ),
 }
 ALL_KERNELS = pytest.mark.parametrize("kernel_name", sorted(KERNELS))
-
-
-def _one_kernel(keep):
-    """Parametrize ``kernel_name`` over KERNELS with all but ``keep`` marked slow:
-    for the chain-handling cases (chain methods, resuming, pickling), which
-    test_numpyro_contract also runs on the vanilla kernels; ``-m slow`` runs them
-    for every kernel here."""
-    return pytest.mark.parametrize(
-        "kernel_name",
-        [
-            k if k == keep else pytest.param(k, marks=pytest.mark.slow)
-            for k in sorted(KERNELS)
-        ],
-    )
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +140,7 @@ def test_positive_constrained_parameter(y_data, kernel_name):
     _mcse_check(samples["v"], mean, sd)
 
 
-@_one_kernel("NOGIN")
+@one_kernel(KERNELS, "NOGIN")
 def test_chain_methods_agree(y_data, kernel_name):
     draws = {}
     for method in ("sequential", "vectorized", "parallel"):
@@ -173,7 +160,7 @@ def test_chain_methods_agree(y_data, kernel_name):
     assert not np.allclose(draws["sequential"][0], draws["sequential"][1])
 
 
-@_one_kernel("SGLD")
+@one_kernel(KERNELS, "SGLD")
 def test_resume_equals_one_long_run(y_data, kernel_name):
     long = MCMC(
         KERNELS[kernel_name](gaussian_model),
@@ -198,7 +185,7 @@ def test_resume_equals_one_long_run(y_data, kernel_name):
     )
 
 
-@_one_kernel("SGBD")
+@one_kernel(KERNELS, "SGBD")
 def test_pickling_kernel_and_mcmc(y_data, kernel_name):
     kernel = KERNELS[kernel_name](variance_model, sd=0.045)
     pickle.loads(pickle.dumps(kernel))

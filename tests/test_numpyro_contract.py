@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 
+from _cases import one_kernel, some_cases
 import jax
 from jax import random
 import jax.numpy as jnp
@@ -101,28 +102,13 @@ def _one_in_turn(names):
     them (the next of ``_IN_TURN``) marked slow."""
 
     def decorate(fn):
-        keep = _IN_TURN[next(_turn) % len(_IN_TURN)]
-        params = [
-            k if k == keep else pytest.param(k, marks=pytest.mark.slow)
-            for k in sorted(names)
-        ]
-        return pytest.mark.parametrize("kernel_name", params)(fn)
+        return one_kernel(names, _IN_TURN[next(_turn) % len(_IN_TURN)])(fn)
 
     return decorate
 
 
 ALL_KERNELS = _one_in_turn(KERNELS)
 EVERY_KERNEL = pytest.mark.parametrize("kernel_name", sorted(KERNELS))
-
-
-def _some_cases(argnames, cases, keep):
-    """Parametrize ``argnames`` over ``cases`` (tuples, one value per name), those
-    not in ``keep`` marked slow: a grid of NumPyro's options where the default run
-    keeps one case per option value and ``-m slow`` runs the rest."""
-    return pytest.mark.parametrize(
-        argnames,
-        [pytest.param(*c, marks=() if c in keep else pytest.mark.slow) for c in cases],
-    )
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -193,7 +179,7 @@ def _no_tracers(obj, depth=2):
 
 # --------------------------------------------------------------------- chains
 @ALL_KERNELS
-@_some_cases(
+@some_cases(
     "chain_method, use_init_params",
     list(itertools.product(["parallel", "sequential", "vectorized"], [False, True])),
     keep=[("parallel", True), ("sequential", False), ("vectorized", True)],
@@ -292,7 +278,7 @@ def test_kernel_built_outside_jit_runs_inside_it_and_again_outside(y, kernel_nam
 
 
 @ALL_KERNELS
-@_some_cases(
+@some_cases(
     "jit_model_args, chain_method",
     list(itertools.product([False, True], ["sequential", "parallel", "vectorized"])),
     keep=[(False, "sequential"), (True, "parallel"), (True, "vectorized")],
@@ -318,7 +304,7 @@ def test_chain_jit_args_smoke(y, kernel_name, chain_method, jit_model_args):
 
 # -------------------------------------------------- parallel chains end to end
 @ALL_KERNELS
-@_some_cases("jit_model_args", [(False,), (True,)], keep=[(True,)])
+@some_cases("jit_model_args", [(False,), (True,)], keep=[(True,)])
 def test_parallel_chains_end_to_end(y, kernel_name, jit_model_args):
     """The issue's reproducer: parallel chains, then ArviZ, a second run, a resume
     and compare, with nothing the kernel keeps being a tracer."""
@@ -410,7 +396,7 @@ def test_adapted_chains_end_to_end(y, kernel_name, chain_method):
 
 
 @ADAPTED_KERNELS
-@_some_cases("jit_model_args", [(False,), (True,)], keep=[(True,)])
+@some_cases("jit_model_args", [(False,), (True,)], keep=[(True,)])
 def test_adapted_reuse_mcmc_run(kernel_name, jit_model_args):
     # NumPyro's test_reuse_mcmc_run as NumPyro wrote it, with no init_params:
     # step_size=None finds each data set's mode and scale, as NUTS's warmup does.
@@ -438,7 +424,7 @@ def test_adapted_reuse_mcmc_run(kernel_name, jit_model_args):
 
 # ------------------------------------------------------------ runs and re-runs
 @ALL_KERNELS
-@_some_cases(
+@some_cases(
     "jit_model_args, shape",
     list(itertools.product([False, True], [50, 100])),
     keep=[(False, 50), (True, 100)],
@@ -476,7 +462,7 @@ def test_reuse_mcmc_run(kernel_name, jit_model_args, shape):
 
 
 @ALL_KERNELS
-@_some_cases("jit_model_args", [(False,), (True,)], keep=[(False,)])
+@some_cases("jit_model_args", [(False,), (True,)], keep=[(False,)])
 def test_model_with_multiple_exec_paths(kernel_name, jit_model_args):
     # NumPyro's test: the latent sites change with the arguments between runs.
     rng = np.random.default_rng(0)
@@ -514,7 +500,7 @@ def test_model_with_multiple_exec_paths(kernel_name, jit_model_args):
 
 
 @ALL_KERNELS
-@_some_cases(
+@some_cases(
     "num_chains, chain_method",
     [(1, "sequential"), (2, "sequential"), (2, "vectorized"), (2, "parallel")],
     keep=[(1, "sequential"), (2, "vectorized")],
