@@ -81,6 +81,17 @@ def _peak_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _device_peak_bytes():
+    """The accelerator's peak allocated bytes, or None on a CPU (where the
+    resident memory above is the measure)."""
+    import jax
+
+    device = jax.local_devices()[0]
+    if device.platform == "cpu":
+        return None
+    return (device.memory_stats() or {}).get("peak_bytes_in_use")
+
+
 def one_device_count(args):
     """Run in a subprocess with args.devices simulated devices: ms per step."""
     import jax
@@ -114,6 +125,16 @@ def one_device_count(args):
             times.append((time.perf_counter() - start) / args.num_steps)
         out[name] = sorted(times)[1]
     print("RESULT", k, out["SGLD vanilla"], out["SGBD corrected"], flush=True)
+    peak = _device_peak_bytes()
+    if peak is not None:
+        data_bytes = X.nbytes + y.nbytes
+        print(
+            f"{jax.devices()[0].device_kind}: ms/step SGLD vanilla "
+            f"{1e3 * out['SGLD vanilla']:.4f}, SGBD corrected "
+            f"{1e3 * out['SGBD corrected']:.4f}; device peak {peak / 2**20:.0f} "
+            f"MiB = {peak / data_bytes:.2f} x the data",
+            flush=True,
+        )
 
 
 def steps(args):
@@ -192,7 +213,7 @@ def large(args):
         f"{info['preconditioner_seconds']:.1f} s), {args.num_warmup} + "
         f"{args.num_samples} steps"
     )
-    peak = _peak_mib()
+    peak, device_peak = _peak_mib(), _device_peak_bytes()
     sd_ref = laplace_sd(X, y)
     sd = draws.std(0)
     xi = np.linalg.norm(sd - sd_ref) / np.linalg.norm(sd_ref)
@@ -204,6 +225,12 @@ def large(args):
         f"wall (simulate + MCMC.run) {sampled - start:.1f} s; peak resident "
         f"{peak:.0f} MiB = {peak * 2**20 / data_bytes:.2f} x the data"
     )
+    if device_peak is not None:
+        print(
+            f"{jax.devices()[0].device_kind}: device peak "
+            f"{device_peak / 2**20:.0f} MiB = {device_peak / data_bytes:.2f} x "
+            "the data"
+        )
 
 
 if __name__ == "__main__":
