@@ -73,6 +73,7 @@ from numpyro_sgbd import (
     full_batch,
     posterior_mode,
 )
+from numpyro_sgbd.estimators import MinibatchEstimator
 
 KERNELS = [
     (f"{cls.__name__} {variant}", cls, variant)
@@ -702,6 +703,8 @@ def high_dim_child(spec):
     from examples.matrix_factorisation import model as bpmf
 
     name, num_steps = spec["kernel"], spec["num_steps"]
+    if spec.get("row_budget"):
+        MinibatchEstimator.row_budget = spec["row_budget"]
     train, _, num_users, num_movies = load_data()
     n = train[0].shape[0] // 100
     model_n = functools.partial(
@@ -762,14 +765,17 @@ def high_dim(table, args):
     peak = "peak RSS +MB" if jax.default_backend() == "cpu" else "peak device +MB"
     for name in ("SGBD vanilla", "SGBD corrected", "NOGIN diag"):
         spec = {"kernel": name, "num_steps": args.high_dim_steps}
+        spec["row_budget"] = args.row_budget
         rows[name] = _child("--high-dim-child", spec)
         if len(rows) == 1:
             m = rows[name]
             floats = 4 * (m["n"] + m["d"])
             table.section(
                 f"(h) matrix factorisation, d = {m['d']:,}, n = {m['n']}, "
-                f"{args.high_dim_steps} steps in one compiled loop; target: "
-                f"working memory <= 4 (n + d) floats = {4 * floats / 2**20:.1f} MB",
+                f"{args.high_dim_steps} steps in one compiled loop"
+                + (f", row_budget {args.row_budget}" if args.row_budget else "")
+                + f"; target: working memory <= 4 (n + d) floats = "
+                f"{4 * floats / 2**20:.1f} MB",
                 ["kernel", "ms/step", "/ vanilla", "XLA temp MB", peak],
             )
         m = rows[name]
@@ -847,6 +853,13 @@ def parse_args(argv=None):
         help="(g): the kernels' num_steps with the progress bar on",
     )
     parser.add_argument("--high-dim-steps", type=int, default=20)
+    parser.add_argument(
+        "--row-budget",
+        type=int,
+        default=0,
+        help="section (h): MinibatchEstimator.row_budget, floats per chunk of "
+        "per-datum gradients (0: the default)",
+    )
     parser.add_argument("--high-dim-child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--num-data", type=int, default=1_000_000)
     parser.add_argument("--small-data", type=int, default=10_000)

@@ -160,6 +160,21 @@ def test_noise_covariance_forms_match_hand_written():
         MinibatchEstimator(logistic, {"data": (N, 8, -1)}, covariance="dense")
 
 
+def test_row_budget_defaults_by_platform(monkeypatch):
+    """Rows per chunk of per-datum gradients at the matrix-factorisation example's
+    size (d = 194,820, n = 800): one at a time on a CPU, 20 (of 2**22 floats) on
+    an accelerator; an int set on the estimator wins on either."""
+    z = {"u": np.zeros(194_819, np.float32), "s": np.float32(0.0)}
+    estimator = MinibatchEstimator(logistic, {"data": (10**5, 800, -1)}, noise=True)
+    rows = {}
+    for platform in ("cpu", "gpu", "tpu"):
+        monkeypatch.setattr(jax, "default_backend", lambda p=platform: p)
+        rows[platform] = estimator._rows_per_chunk(z, 800)
+    assert rows == {"cpu": 1, "gpu": 20, "tpu": 20}
+    estimator.row_budget = 800 * 194_820
+    assert estimator._rows_per_chunk(z, 800) == 800
+
+
 @pytest.mark.parametrize("rows", [1, 2])  # rows per chunk
 def test_streamed_per_datum_rows_give_the_noise_statistics_of_all_rows(rows):
     # Large d forms the per-datum gradients a chunk at a time (row_budget floats)
