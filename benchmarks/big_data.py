@@ -20,9 +20,11 @@ written in place, so generation needs the data plus one chunk), runs
 search, Laplace preconditioner, control variates around the mode), and compares
 the draws' sds with the Laplace approximation's (the exact Hessian at the exact
 mode, Newton's method in float64 over the data in chunks): xi = ||sd - sd_L|| /
-||sd_L||. NUTS cannot run at this size: every NUTS step is up to 2^10 full-data
-gradients, each a pass over all 10^8 rows. It prints wall seconds per phase and
-peak resident memory / data size.
+||sd_L||. With ``--host-data`` the data are NumPy arrays kept on the host by
+``numpyro_sgbd.host_data``, read a minibatch (or a full-data pass's chunk) at a
+time through host callbacks. NUTS cannot run at this size: every NUTS step is up
+to 2^10 full-data gradients, each a pass over all 10^8 rows. It prints wall
+seconds per phase and peak resident memory / data size.
 """
 
 import argparse
@@ -66,6 +68,22 @@ def simulate(num_data, dim, chunk=1_000_000, sharding=None):
         X, y = put(X, y, cx, cy, start)
         start += len(cx)
     return jax.block_until_ready((X, y))
+
+
+def simulate_on_host(num_data, dim, chunk=1_000_000):
+    """The data as NumPy arrays, filled chunk by chunk, kept on the host by
+    :func:`numpyro_sgbd.host_data`: peak memory is the data plus one chunk."""
+    import numpy as np
+
+    from numpyro_sgbd import host_data
+
+    X = np.empty((num_data, dim), np.float32)
+    y = np.empty((num_data,), np.float32)
+    start = 0
+    for cx, cy in _data_chunks(num_data, dim, chunk):
+        X[start : start + len(cx)], y[start : start + len(cy)] = cx, cy
+        start += len(cx)
+    return host_data(X, y)
 
 
 def model(X, y, n=1000):
@@ -190,8 +208,12 @@ def large(args):
     from numpyro_sgbd import SGLD
 
     start = time.perf_counter()
-    X, y = simulate(args.num_data, args.dim)
-    data_bytes = X.nbytes + y.nbytes
+    if args.host_data:
+        X, y = simulate_on_host(args.num_data, args.dim)
+        data_bytes = X.array.nbytes + y.array.nbytes
+    else:
+        X, y = simulate(args.num_data, args.dim)
+        data_bytes = X.nbytes + y.nbytes
     generated = time.perf_counter()
     print(f"N={args.num_data} d={args.dim}: {data_bytes / 2**30:.2f} GiB of data")
     print(f"simulated in {generated - start:.1f} s, peak {_peak_mib():.0f} MiB")
@@ -214,7 +236,7 @@ def large(args):
         f"{args.num_samples} steps"
     )
     peak, device_peak = _peak_mib(), _device_peak_bytes()
-    sd_ref = laplace_sd(X, y)
+    sd_ref = laplace_sd(*((X.array, y.array) if args.host_data else (X, y)))
     sd = draws.std(0)
     xi = np.linalg.norm(sd - sd_ref) / np.linalg.norm(sd_ref)
     from numpyro.diagnostics import effective_sample_size
@@ -241,6 +263,11 @@ if __name__ == "__main__":
     parser.add_argument("--num-steps", type=int, default=2000)
     parser.add_argument("--num-warmup", type=int, default=5000)
     parser.add_argument("--num-samples", type=int, default=20000)
+    parser.add_argument(
+        "--host-data",
+        action="store_true",
+        help="large: keep the data on the host (numpyro_sgbd.host_data)",
+    )
     args = parser.parse_args()
     if args.num_data is None:
         args.num_data = 100_000_000 if args.what == "large" else 10_000_000

@@ -7,6 +7,7 @@ from numpyro_sgbd.criticism import from_numpyro, full_data_log_likelihood
 from numpyro_sgbd.diagnostics import fssd, ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
 from numpyro_sgbd.handlers import full_batch
+from numpyro_sgbd.host import host_data
 from numpyro_sgbd.kernel import Centre, SGState
 from numpyro_sgbd.modes import PosteriorMode, posterior_mode
 from numpyro_sgbd.reference import full_batch_scores, reference_posterior
@@ -42,6 +43,7 @@ __all__ = [
     "from_numpyro",
     "full_batch",
     "full_batch_scores",
+    "host_data",
     "full_data_log_likelihood",
     "fssd",
     "ksd",

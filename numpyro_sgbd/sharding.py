@@ -17,6 +17,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
 from numpyro_sgbd.estimators import split_arrays
+from numpyro_sgbd.host import HostArray
 
 __all__ = ["DataSharding", "data_sharding", "shard_data"]
 
@@ -192,6 +193,16 @@ def data_sharding(plates, model_args, model_kwargs):
         found.append((j, x, _spec_axes(sharding.spec, x.ndim)))
     if not found:
         return None
+    on_host = jax.tree.leaves(
+        (model_args, model_kwargs), is_leaf=lambda x: isinstance(x, HostArray)
+    )
+    if any(isinstance(x, HostArray) for x in on_host):
+        raise ValueError(
+            "Some data arguments are sharded over devices and others kept on the "
+            "host (numpyro_sgbd.host_data); a shard reads only its own rows, which "
+            "host-kept arrays cannot follow. Shard them all "
+            "(numpyro_sgbd.shard_data(X, y)) or keep them all on the host."
+        )
     if len(plates) != 1:
         raise ValueError(
             "Sharded data are split along the rows of one subsample plate; the "

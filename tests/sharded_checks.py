@@ -277,6 +277,9 @@ if PART in ("all", "estimators"):
         )
     )
     errors["uneven_rows"] = error_of(lambda: ns.shard_data(np.ones((4002, 2))))
+    errors["host_data"] = error_of(
+        lambda: data_sharding(plates, (Xs, ns.host_data(y)), {})
+    )
     errors["two_plates"] = error_of(
         lambda: data_sharding({"a": (N, n, -1), "b": (N, n, -2)}, (Xs, ys), {})
     )

@@ -162,6 +162,7 @@ def test_two_processes_give_the_one_process_draws(results, tmp_path):
         ("two_meshes", "different meshes"),
         ("uneven_rows", "do not split evenly"),
         ("two_plates", "one subsample plate"),
+        ("host_data", "kept on the host (numpyro_sgbd.host_data)"),
         ("jit_model_args", "jit_model_args=True"),
         ("parallel", "chain_method='vectorized'"),
     ],
