@@ -4,7 +4,8 @@ several (simulated) CPU devices, which is fixed when it is first imported.
 ``python tests/sharded_checks.py OUT.json [PART]`` runs the single-process checks
 on 4 devices: PART ``estimators`` (the estimators, the multi-process run's
 reference, vectorized chains and bad input), ``mcmc`` (the conjugate posterior by
-each kernel) or, by default, both; the test starts the two parts side by side.
+each kernel) or, by default, both (the test runs both at once, or the two
+parts side by side, see its ``results`` fixture).
 ``python tests/sharded_checks.py OUT.json PID NPROC PORT`` runs the
 multi-process run as process PID of NPROC (4 / NPROC devices each), joined by
 ``jax.distributed`` over gloo on localhost. Results go to OUT.json; the tests

@@ -48,7 +48,12 @@ def _draws(make, data, **kwargs):
         # The default path: adapted step, mode search, preconditioner, control
         # variates, per-datum noise statistics (every full-data pass reads rows).
         pytest.param(lambda: SGBD(logistic), False, id="SGBD-default"),
-        pytest.param(lambda: NOGIN(logistic), True, id="NOGIN-jit_model_args"),
+        pytest.param(
+            lambda: NOGIN(logistic),
+            True,
+            id="NOGIN-jit_model_args",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_host_data_give_the_device_datas_draws(make, jit_model_args):
@@ -62,6 +67,7 @@ def test_host_data_give_the_device_datas_draws(make, jit_model_args):
     np.testing.assert_allclose(on_host, on_device, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_vectorized_chains_read_host_data():
     """Under chain_method='vectorized' the reads are vmapped: chain for chain the
     device data's draws."""

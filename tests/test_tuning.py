@@ -149,6 +149,7 @@ def test_full_scores_are_the_model_scores_in_whitened_coordinates():
     np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-3)
 
 
+@pytest.mark.slow  # 30 s in CI; the tune tests above run its rounds too
 def test_successive_halving_keeps_the_best_third(y):
     """Nine arms, eta = 3: two rounds; three arms survive round 0 (the three
     lowest discrepancies), one wins round 1, and the arms of round 1 have run
