@@ -52,10 +52,9 @@ def results(tmp_path_factory):
     That took the fixture from 100 to 64 s where nothing else runs (CI's second
     run, which sets it); beside another busy test worker it did not pay."""
     folder = tmp_path_factory.mktemp("sharded")
-    if os.environ.get("NUMPYRO_SGBD_SHARDED_SIDE_BY_SIDE") != "1":
-        return _finish(_run(folder / "all.json"), folder / "all.json")
-    parts = [(folder / f"{part}.json", part) for part in ("estimators", "mcmc")]
-    procs = [(_run(out, part), out) for out, part in parts]
+    side_by_side = os.environ.get("NUMPYRO_SGBD_SHARDED_SIDE_BY_SIDE") == "1"
+    parts = ("estimators", "mcmc") if side_by_side else ("all",)
+    procs = [(_run(folder / f"{p}.json", p), folder / f"{p}.json") for p in parts]
     merged = {}
     for proc, out in procs:
         merged.update(_finish(proc, out))
