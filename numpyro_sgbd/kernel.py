@@ -43,6 +43,7 @@ from numpyro_sgbd.estimators import (
     PotentialEstimator,
     _finite_tree,
     as_jax_arrays,
+    jit_once,
     split_arrays,
     unconstrained_centre,
 )
@@ -610,6 +611,7 @@ class _SGKernel(MCMCKernel):
         self._init_fns = {}
         self._init_param_fns = {}
         self._postprocess_fns = {}
+        self._start_fn = None  # (cache key, compiled Laplace start)
         self._diagnostics = (0, "")
         self._num_warmup = 0
         # (iteration or None at `init`, host seconds): see `wall_time`.
@@ -1026,19 +1028,6 @@ class _SGKernel(MCMCKernel):
                     f"sites {sorted(self._z_shapes)}; got {got}."
                 )
             return init_params
-        if self.preconditioner is not None:
-            # A draw from the Laplace approximation N(z_hat, L L'): chains start
-            # apart, near the mode, on the posterior's scale.
-            pre = self.preconditioner
-            unravel = ravel_pytree(self._mode)[1]
-
-            def draw(key):
-                u = random.normal(key, pre.loc.shape, pre.loc.dtype)
-                return unravel(pre.to_z(u))
-
-            return (
-                jax.vmap(draw)(rng_key) if not is_prng_key(rng_key) else draw(rng_key)
-            )
         # The search as one compiled function with the data as its arguments:
         # NumPyro's initialize_model runs it op by op, and each op compiled on
         # first use cost about 0.6 s in all.
@@ -1078,6 +1067,33 @@ class _SGKernel(MCMCKernel):
         )
         return info.param_info.z
 
+    def _laplace_start(self, rng_key, batched):
+        """``(rng_key, z)``: the key split for the initial state, and z drawn from
+        the Laplace approximation N(z_hat, L L') with the other half, so that
+        chains start apart, near the mode, on the posterior's scale. One compiled
+        program, kept per form and shapes, with L as its argument: run op by op
+        the split and the draw compiled five programs (a threefry normal among
+        them), 0.2 to 0.5 s of a fresh run."""
+        pre = self.preconditioner
+        cache_key = (pre.form, batched, jax.tree.structure(self._mode)) + tuple(
+            (jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(self._mode)
+        )
+        if self._start_fn is None or self._start_fn[0] != cache_key:
+            unravel = ravel_pytree(self._mode)[1]
+
+            def start(rng_key, arrays):
+                pre = preconditioning.Preconditioner(cache_key[0], *arrays)
+
+                def one(key):
+                    key, key_init = random.split(key)
+                    u = random.normal(key_init, pre.loc.shape, pre.loc.dtype)
+                    return key, unravel(pre.to_z(u))
+
+                return jax.vmap(one)(rng_key) if batched else one(rng_key)
+
+            self._start_fn = (cache_key, jit_once(start))
+        return self._start_fn[1](rng_key, tuple(pre)[1:])
+
     # ------------------------------------------------------------------ MCMC API
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         self._clock.append((None, time.perf_counter()))
@@ -1109,11 +1125,14 @@ class _SGKernel(MCMCKernel):
         with _eager_if_traced((rng_key, model_args, model_kwargs)):
             self._build(model_args, model_kwargs)
         batched = not is_prng_key(rng_key)
-        if batched:
-            rng_key, key_init = jnp.swapaxes(jax.vmap(random.split)(rng_key), 0, 1)
+        if init_params is None and self.preconditioner is not None:
+            rng_key, z = self._laplace_start(rng_key, batched)
         else:
-            rng_key, key_init = random.split(rng_key)
-        z = self._initial_params(key_init, init_params, model_args, model_kwargs)
+            if batched:
+                rng_key, key_init = jnp.swapaxes(jax.vmap(random.split)(rng_key), 0, 1)
+            else:
+                rng_key, key_init = random.split(rng_key)
+            z = self._initial_params(key_init, init_params, model_args, model_kwargs)
         one_z = jax.tree.map(lambda x: x[0], z) if batched else z
         shapes = (
             self._z_shapes
@@ -1126,18 +1145,23 @@ class _SGKernel(MCMCKernel):
             self._prepare(shapes, one_z)
         self._batched = batched
 
-        def probe_fn(rng_key, z):
-            centre = self._initial_centre(z, model_args, model_kwargs)
-            return self._estimate(rng_key, z, model_args, model_kwargs, centre)
+        if self._model is None:
+            # A user's potential_fn or gradient_fn: its estimate checked before
+            # compiling. The model's own estimators give z's structure and the
+            # noise form the kernel asked for by construction; tracing one more
+            # estimate for them cost 0.18 s of every run.
+            def probe_fn(rng_key, z):
+                centre = self._initial_centre(z, model_args, model_kwargs)
+                return self._estimate(rng_key, z, model_args, model_kwargs, centre)
 
-        probe = jax.eval_shape(probe_fn, random.key(0), one_z)
-        expected = one_z if self.preconditioner is None else self.preconditioner.loc
-        if jax.tree.structure(probe.z_grad) != jax.tree.structure(expected):
-            raise ValueError(
-                "The gradient estimate does not have the structure of z: "
-                f"{jax.tree.structure(probe.z_grad)} vs {jax.tree.structure(one_z)}."
-            )
-        self._check_probe(probe, one_z)
+            probe = jax.eval_shape(probe_fn, random.key(0), one_z)
+            if jax.tree.structure(probe.z_grad) != jax.tree.structure(one_z):
+                raise ValueError(
+                    "The gradient estimate does not have the structure of z: "
+                    f"{jax.tree.structure(probe.z_grad)} vs "
+                    f"{jax.tree.structure(one_z)}."
+                )
+            self._check_probe(probe, one_z)
         init_one = self._cached_init(model_args, model_kwargs)
         if batched:
             state = jax.vmap(init_one)(rng_key, z)
@@ -1157,8 +1181,10 @@ class _SGKernel(MCMCKernel):
         return None if self._traced_setup else self._sample_impl
 
     def _jit_over_data(self, cache, make, model_args, model_kwargs):
-        """``(fn, arrays)``: ``jax.jit(make(rebuild))``, whose last argument is the
-        array leaves of the model arguments, and those arrays.
+        """``(fn, arrays)``: ``jit_once(make(rebuild))`` (the programs built here
+        run once per set-up: the initial search, the initial state, the constrained
+        values NumPyro sizes its buffers with), whose last argument is the array
+        leaves of the model arguments, and those arrays.
 
         The arrays are passed to ``jit`` as arguments (data embedded as constants
         makes XLA compile slowly, and anew for every kernel); the other leaves (ints
@@ -1169,7 +1195,7 @@ class _SGKernel(MCMCKernel):
         arrays, rebuild, key = split_arrays((model_args, model_kwargs))
         fn = None if key is None else getattr(self, cache).get(key)
         if fn is None:
-            fn = jax.jit(make(rebuild))
+            fn = jit_once(make(rebuild))
             if key is not None:
                 setattr(self, cache, {key: fn})
         return fn, arrays
@@ -1416,6 +1442,7 @@ class _SGKernel(MCMCKernel):
         state["_init_fns"] = {}
         state["_init_param_fns"] = {}
         state["_postprocess_fns"] = {}
+        state["_start_fn"] = None
         if getattr(self._estimator, "sharding", None) is not None:
             # Its mesh holds devices, which do not pickle; `init` rebuilds it.
             state["_estimator"] = None
