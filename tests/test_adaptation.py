@@ -354,3 +354,19 @@ def test_adapt_mass_matrix_bad_input():
     assert SGBD(
         spike_and_slab, step_size=0.5, preconditioner="dense", adapt_mass_matrix=True
     )._adapt_mass
+
+
+@pytest.mark.parametrize("kernel_name", ["SGBD"])
+def test_a_second_init_on_the_same_data_compiles_nothing(kernel_name, caplog):
+    """Issue 21, item 1: the default set-up (mode search, preconditioner, control
+    variates, the Laplace start, the initial state) is compiled once; a second
+    ``init`` of the same kernel on data of the same shapes reuses every program.
+    Also a draw from a new key: the start takes its key as an argument."""
+    kernel = KERNELS[kernel_name](regression)
+    first = kernel.init(random.key(0), 50, None, (X, Y), {})
+    with jax.log_compiles(True), caplog.at_level("WARNING", logger="jax"):
+        again = kernel.init(random.key(1), 50, None, (X, Y), {})
+        jax.block_until_ready(again)
+    compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    assert compiled == []
+    assert not np.array_equal(np.asarray(first.z["b"]), np.asarray(again.z["b"]))

@@ -13,6 +13,7 @@ from numpyro_sgbd.estimators import (
     ControlVariateEstimator,
     MinibatchEstimator,
     draw_indices,
+    jit_once,
     noise_variance_factor,
 )
 
@@ -215,3 +216,22 @@ def test_streamed_per_datum_rows_give_the_noise_statistics_of_all_rows(rows):
     # The differences' spread, not the rows' at z.
     plain = whole(key, z, (X, y), {}).noise_sd["w"]
     assert not np.allclose(a.noise_sd["w"], plain, rtol=0.05)
+
+
+def test_jit_once_agrees_with_jit_and_runs_inside_transforms():
+    """A set-up program compiled with its own XLA options gives jit's values, and
+    inside jit, vmap or pmap (where a nested jit takes no compiler options) it
+    falls back to plain jit instead of raising."""
+
+    def f(x):
+        return jnp.sin(x) @ x + random.normal(random.key(0), ())
+
+    x = jnp.arange(4.0)
+    once = jit_once(f)
+    expected = jax.jit(f)(x)
+    np.testing.assert_allclose(once(x), expected, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(once)(x), expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.vmap(once)(jnp.stack([x, x])), [expected] * 2, rtol=1e-6
+    )
+    np.testing.assert_allclose(jax.pmap(once)(x[None]), [expected], rtol=1e-6)
