@@ -4,7 +4,9 @@
     python benchmarks/run.py --quick    # smaller N and fewer steps (about 12 minutes)
 
 Prints the table and writes it as Markdown to ``--output`` (default
-``benchmarks/results.md``). Sections, each on logistic regression with N(0, 1)
+``benchmarks/results.md`` when every part runs; ``--parts`` alone writes nothing,
+so a partial run never overwrites the full table). ``--kernels`` narrows section
+(g) to the named kernels. Sections, each on logistic regression with N(0, 1)
 covariates:
 
 (a) per-step time of ``MCMC(SGBD(model))`` and ``MCMC(SGLD(model))``, every variant,
@@ -685,7 +687,8 @@ def progress_bar(table, args):
         f"num_steps = {k} / bar off with num_steps = 1, per step",
         ["kernel", "off us/step", "on us/step", "on / off"],
     )
-    for name, make in _bar_kernels():
+    kernels = [k for k in _bar_kernels() if not args.kernels or k[0] in args.kernels]
+    for name, make in kernels:
         off = kernel_seconds(make(1), X, y, n, steps, False, args.repeats)
         samples = max(1, steps // k)
         on = kernel_seconds(make(k), X, y, n, samples, True, args.repeats) / k
@@ -826,7 +829,9 @@ def main(args):
         }[part](table, args)
     elapsed = time.perf_counter() - started
     print(f"\n{elapsed / 60:.1f} minutes")
-    if args.output:
+    if not args.output:
+        print("not written: pass --output FILE to keep a run of some parts")
+    else:
         header = (
             f"Command: `python benchmarks/run.py{getattr(args, 'command_line', '')}`; "
             f"{os.cpu_count()} CPU cores, jax {jax.__version__}, numpyro "
@@ -837,13 +842,17 @@ def main(args):
         print(f"wrote {args.output}")
 
 
+#: What ``python benchmarks/run.py`` runs by default ("e'" is within "e").
+_ALL_PARTS = ("abc", "d", "e", "f", "g", "h")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, fast")
     parser.add_argument(
         "--parts",
         nargs="+",
-        default=["abc", "d", "e", "f", "g", "h"],
+        default=list(_ALL_PARTS),
         choices=["abc", "d", "e", "e'", "f", "g", "h"],
     )
     parser.add_argument(
@@ -905,9 +914,27 @@ def parse_args(argv=None):
     parser.add_argument("--accuracy-child", default="", help=argparse.SUPPRESS)
     parser.add_argument(
         "--output",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.md"),
+        default=None,
+        help="Markdown file for the table (default: benchmarks/results.md when "
+        "every part runs; a run of some parts writes only where this is given, "
+        "so that it does not overwrite the full table)",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        default=None,
+        help="(g): only these kernels (names as in its table, e.g. 'SGBD vanilla')",
+    )
+    args = parser.parse_args(argv)
+    names = [name for name, _ in _bar_kernels()]
+    unknown = sorted(set(args.kernels or ()) - set(names))
+    if unknown:
+        parser.error(f"--kernels: unknown {unknown}; section (g) times {names}")
+    if args.output is None and set(args.parts) == set(_ALL_PARTS):
+        args.output = os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results.md"
+        )
+    return args
 
 
 if __name__ == "__main__":
