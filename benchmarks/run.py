@@ -853,7 +853,7 @@ def parse_args(argv=None):
         "--parts",
         nargs="+",
         default=list(_ALL_PARTS),
-        choices=["abc", "d", "e", "e'", "f", "g", "h"],
+        choices=[*_ALL_PARTS, "e'"],
     )
     parser.add_argument(
         "--bar-num-steps",
