@@ -235,3 +235,42 @@ def test_jit_once_agrees_with_jit_and_runs_inside_transforms():
         jax.vmap(once)(jnp.stack([x, x])), [expected] * 2, rtol=1e-6
     )
     np.testing.assert_allclose(jax.pmap(once)(x[None]), [expected], rtol=1e-6)
+
+
+def test_threefry_unrolled_on_cpu_gives_the_same_draws_without_loops():
+    """Importing the package lowers threefry for the CPU unrolled: the draws of
+    JAX's rolled CPU rule bit for bit (splits, fold_in, normal, randint, bits),
+    and no while loop left in the compiled program."""
+    from numpyro_sgbd._threefry import _threefry_module, unroll_threefry_on_cpu
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the rolled lowering is JAX's CPU rule only")
+    if _threefry_module() is None:
+        pytest.skip("this JAX has no rolled CPU rule: it unrolls everywhere")
+
+    def draws(key):
+        k1, k2, k3 = random.split(key, 3)
+        return (
+            random.key_data(random.split(random.fold_in(k1, 7), 4)),
+            random.normal(k1, (1001,)),
+            random.randint(k2, (777,), 0, 10**6),
+            random.bits(k3, (5, 3)),
+        )
+
+    def compiled(unrolled=None):
+        if unrolled is not None:
+            assert unroll_threefry_on_cpu(unrolled)
+        jax.clear_caches()
+        f = jax.jit(draws)
+        text = f.lower(random.key(3)).compile().as_text()
+        return [np.asarray(x) for x in f(random.key(3))], " while(" in text
+
+    try:
+        default, default_loops = compiled()  # as the package's import left it
+        rolled, rolled_loops = compiled(unrolled=False)
+    finally:
+        unroll_threefry_on_cpu(True)
+        jax.clear_caches()
+    assert rolled_loops and not default_loops
+    for a, b in zip(default, rolled):
+        np.testing.assert_array_equal(a, b)
