@@ -5,11 +5,11 @@ threefry2x32: 20 rounds of 32-bit adds, rotations and xors. JAX up to 0.10
 lowers it for the CPU as a loop of five iterations (four rounds each) and for
 every other platform unrolled. Each such loop is a while loop that XLA:CPU runs
 iteration by iteration, and an SG step makes several draws (key splits, the
-minibatch indices, the noise), so on a CPU those loops were a third of a
-minibatch step: ``python benchmarks/random_numbers.py --steps`` measures it,
-and the rows are in ``docs/benchmarks.rst``. JAX has since made the unrolled
-lowering its CPU default too (jax-ml/jax pull request 37872), having found it
-faster both to compile and to run.
+minibatch indices, the noise), so on a CPU those loops were up to half of a
+minibatch step (vanilla SGBD, n = 100). ``python benchmarks/random_numbers.py
+--steps`` measures it, and the rows are in ``docs/benchmarks.rst``. JAX has
+since made the unrolled lowering its CPU default too (jax-ml/jax pull request
+37872), having found it faster both to compile and to run.
 
 :func:`unroll_threefry_on_cpu` backports that for a JAX that still rolls the
 loop. The hash is the same function of the same words, only written without
@@ -52,9 +52,12 @@ def unroll_threefry_on_cpu(unrolled=True):
     changes and the draws are JAX's either way.
     """
     module = _threefry_module()
+    try:
+        from jax._src.interpreters import mlir
+    except ImportError:
+        return False
     if module is None:
         return False
-    from jax._src.interpreters import mlir
 
     rule = (
         module._threefry2x32_lowering_rule
