@@ -29,7 +29,7 @@ import jax
 from jax import random
 import jax.numpy as jnp
 
-from numpyro_sgbd._threefry import unroll_threefry_on_cpu
+from numpyro_sgbd._threefry import _threefry_module, unroll_threefry_on_cpu
 
 DRAWS_PER_CALL = 20
 
@@ -77,9 +77,8 @@ def sgbd_pair_one_draw(key, d):
 
 def _lowerings():
     """(label, unrolled) for threefry's lowerings this JAX can compile here."""
-    if jax.default_backend() != "cpu" or not unroll_threefry_on_cpu(False):
+    if jax.default_backend() != "cpu" or _threefry_module() is None:
         return [("", True)]  # one lowering: JAX's own
-    unroll_threefry_on_cpu(True)
     return [(" rolled", False), (" unrolled", True)]
 
 
