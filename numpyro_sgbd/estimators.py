@@ -22,6 +22,7 @@ from numpyro.handlers import substitute
 from numpyro.infer.initialization import init_to_median
 from numpyro.infer.util import _unconstrain_reparam, log_density
 
+from numpyro_sgbd._gathered import gather_of, gathered_rows, trace_gathers
 from numpyro_sgbd.handlers import fix_plates, shard_local
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "ControlVariateEstimator",
     "CustomEstimator",
     "Estimator",
+    "GatheredRows",
     "GradientEstimate",
     "MinibatchEstimator",
     "PotentialEstimator",
@@ -170,12 +172,22 @@ def _largest_divisor(n, at_most):
     return max(k for k in range(1, max(1, min(n, at_most)) + 1) if n % k == 0)
 
 
+def _row_moments(rows):
+    """``(mean, m2)`` by coordinate of a chunk of per-datum gradients: a tree of
+    dense rows (leading axis the data) or a :class:`GatheredRows`."""
+    if isinstance(rows, GatheredRows):
+        return rows.moments()
+    mean = jax.tree.map(lambda r: jnp.mean(r, axis=0), rows)
+    m2 = jax.tree.map(lambda r, m: jnp.sum(jnp.square(r - m), axis=0), rows, mean)
+    return mean, m2
+
+
 class StreamedRows:
     """The n per-datum gradients of a minibatch, formed ``chunk`` rows at a time
     and never held all at once: ``fn(indices[j:j + chunk])`` gives those rows
-    (a tree with leading axis ``chunk``). :meth:`moments` reduces them in one
-    pass; ``a - b`` is the rows of the difference (control variates: the same
-    indices at two points).
+    (a tree with leading axis ``chunk``, or a :class:`GatheredRows`).
+    :meth:`moments` reduces them in one pass; ``a - b`` is the rows of the
+    difference (control variates: the same indices at two points).
     """
 
     def __init__(self, fn, indices, chunk):
@@ -185,7 +197,10 @@ class StreamedRows:
 
     def __sub__(self, other):
         def fn(idx):
-            return jax.tree.map(jnp.subtract, self.fn(idx), other.fn(idx))
+            rows, other_rows = self.fn(idx), other.fn(idx)
+            if isinstance(rows, GatheredRows):
+                return rows - other_rows
+            return jax.tree.map(jnp.subtract, rows, other_rows)
 
         return StreamedRows(fn, self.indices, self.chunk)
 
@@ -196,33 +211,89 @@ class StreamedRows:
         trees of the gradient's size plus one chunk of rows."""
         n, c = jnp.shape(self.indices)[0], self.chunk
         chunks = self.indices.reshape(n // c, c)
-        first = jax.eval_shape(self.fn, chunks[0])
+        first = jax.eval_shape(lambda idx: _row_moments(self.fn(idx))[0], chunks[0])
 
         def body(carry, idx_and_seen):
             mean, m2 = carry
             idx, seen = idx_and_seen
-            rows = self.fn(idx)
+            mean_b, m2_b = _row_moments(self.fn(idx))
             total = seen + c
-            mean_b = jax.tree.map(lambda r: jnp.mean(r, axis=0), rows)
             delta = jax.tree.map(jnp.subtract, mean_b, mean)
             mean = jax.tree.map(lambda m, d: m + d * (c / total), mean, delta)
             m2 = jax.tree.map(
-                lambda a, r, m, d: (
-                    a
-                    + jnp.sum(jnp.square(r - m), axis=0)
-                    + jnp.square(d) * (seen * c / total)
-                ),
+                lambda a, b, d: a + b + jnp.square(d) * (seen * c / total),
                 m2,
-                rows,
-                mean_b,
+                m2_b,
                 delta,
             )
             return (mean, m2), None
 
-        zeros = jax.tree.map(lambda r: jnp.zeros(r.shape[1:], r.dtype), first)
+        zeros = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), first)
         seen = jnp.arange(n // c, dtype=jnp.result_type(float)) * c
         (mean, m2), _ = jax.lax.scan(body, (zeros, zeros), (chunks, seen))
         return mean, m2
+
+
+class GatheredRows:
+    """A chunk of per-datum gradients (in a :class:`StreamedRows`) where some
+    parameter leaves are read by each datum through one gather (a row of an
+    embedding or factor matrix, a group's effect;
+    :func:`~numpyro_sgbd._gathered.trace_gathers`): such a leaf keeps each
+    datum's slice gradient and start index, every other leaf its dense rows.
+    :meth:`moments` and ``a - b`` take O(rows x slice + d) memory and work,
+    where dense rows cost O(rows x d).
+    """
+
+    def __init__(self, treedef, shapes, gathers, dense, local, starts):
+        self.treedef = treedef
+        self.shapes = shapes  # ShapeDtypeStructs of the leaves
+        self.gathers = gathers  # {leaf index: gather equation}
+        self.dense, self.local, self.starts = dense, local, starts
+
+    def __sub__(self, other):
+        def minus(a, b):
+            return None if a is None else a - b
+
+        return GatheredRows(
+            self.treedef,
+            self.shapes,
+            self.gathers,
+            [minus(a, b) for a, b in zip(self.dense, other.dense)],
+            [minus(a, b) for a, b in zip(self.local, other.local)],
+            self.starts,  # the same data, so the same slices
+        )
+
+    def moments(self):
+        """``(mean, m2)`` of the rows by coordinate, as
+        :meth:`StreamedRows.moments`. For a gathered leaf, with c_j the number of
+        data whose slice holds coordinate j and S_j the sum of their gradients
+        there: mean_j = S_j / n, and m2_j sums the squared deviations of those
+        c_j data from the mean plus (n - c_j) mean_j**2 for the data whose
+        gradient is zero there (two passes, no cancellation)."""
+        means, m2s = [], []
+        for j, shape in enumerate(self.shapes):
+            if j not in self.gathers:
+                rows = self.dense[j]
+                mean = jnp.mean(rows, axis=0)
+                means.append(mean)
+                m2s.append(jnp.sum(jnp.square(rows - mean), axis=0))
+                continue
+            local, starts = self.local[j], self.starts[j]
+            n = local.shape[0]
+            gather = gather_of(self.gathers[j])
+
+            def slices(operand, gather=gather, starts=starts):
+                return jax.vmap(gather, (None, 0))(operand, starts)
+
+            scatter = jax.linear_transpose(slices, shape)
+            (total,) = scatter(local)
+            (count,) = scatter(jnp.ones_like(local))
+            mean = total / n
+            (m2,) = scatter(jnp.square(local - slices(mean)))
+            means.append(mean)
+            m2s.append(m2 + (n - count) * jnp.square(mean))
+        unflatten = partial(jax.tree.unflatten, self.treedef)
+        return unflatten(means), unflatten(m2s)
 
 
 Centre = namedtuple("Centre", ["z", "potential", "grad", "z_sum"])
@@ -661,10 +732,14 @@ class MinibatchEstimator(Estimator):
                 one = self._terms(z, {name: i[None]}, model_args, model_kwargs, True)
                 return one[1][0] / n
 
+            value, grad = jax.value_and_grad(lambda z: fn(z, with_terms=False)[0])(z)
+            gathered = self._gathered_rows(term, z, indices[name], chunk)
+            if gathered is not None:
+                return value, grad, gathered
+
             def rows(idx):
                 return jax.vmap(jax.grad(term), (None, 0))(z, idx)
 
-            value, grad = jax.value_and_grad(lambda z: fn(z, with_terms=False)[0])(z)
             return value, grad, StreamedRows(rows, indices[name], chunk)
         if self.per_datum == "jacobian":
 
@@ -692,6 +767,45 @@ class MinibatchEstimator(Estimator):
         grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
         per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
         return jnp.mean(values), grad, per_datum_grads
+
+    def _gathered_rows(self, term, z, indices, chunk):
+        """``term``'s gradients on the data ``indices`` as :class:`StreamedRows`
+        whose chunks are :class:`GatheredRows`, as many rows a chunk as
+        :attr:`row_budget` allows; or ``None`` where that does not apply: no leaf
+        is read through one gather, a chunk would be no larger than ``chunk``
+        (the dense rows'), or a pullback mixes the coordinates (then the
+        gradients in u are dense)."""
+        if self.pullback is not None:
+            return None
+        leaves, treedef = jax.tree.flatten(z)
+        plan = trace_gathers(
+            lambda leaves, i: term(jax.tree.unflatten(treedef, leaves), i),
+            leaves,
+            indices[0],
+        )
+        if plan is None:
+            return None
+        per_row = sum(
+            int(np.prod(jnp.shape(x)))
+            for j, x in enumerate(leaves)
+            if j not in plan.gathers
+        ) + sum(2 * eqn.outvars[0].aval.size for eqn in plan.gathers.values())
+        rows = _largest_divisor(jnp.shape(indices)[0], self._row_budget() // per_row)
+        if rows <= chunk:
+            return None
+        shapes = [
+            jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves
+        ]
+
+        def fn(idx):
+            parts = gathered_rows(plan, leaves, idx)
+            return GatheredRows(treedef, shapes, plan.gathers, *parts)
+
+        try:  # the program re-evaluated equation by equation, as traced
+            jax.eval_shape(partial(gathered_rows, plan, leaves), indices[:rows])
+        except Exception:  # an equation that cannot be re-bound: dense rows
+            return None
+        return StreamedRows(fn, indices, rows)
 
     def summarise(self, value, grad, per_datum_grads, axis_name=None):
         """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
