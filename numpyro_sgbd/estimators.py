@@ -210,6 +210,8 @@ class StreamedRows:
         update, stable where the mean is large against the spread): memory two
         trees of the gradient's size plus one chunk of rows."""
         n, c = jnp.shape(self.indices)[0], self.chunk
+        if c == n:  # one chunk: nothing to merge
+            return _row_moments(self.fn(self.indices))
         chunks = self.indices.reshape(n // c, c)
         first = jax.eval_shape(lambda idx: _row_moments(self.fn(idx))[0], chunks[0])
 
