@@ -588,6 +588,23 @@ def test_num_steps_runs_the_thinned_chain_inside_one_sample(y, kernel_name):
     assert wall_time(inner.sampler, inner) is not None
 
 
+def test_num_steps_notes_the_host_every_16_samples_at_most(y):
+    # Each host note (wall_time's clock, the stationarity check's thinned draws)
+    # is a callback; with the progress bar each waits for NumPyro's Python loop.
+    # At num_steps=k > 16 they come every 16k steps (and at powers of two),
+    # not every 256.
+    k = 20
+    kernel = KERNELS["SGBD"](normal_model, sd=MU_SD, num_steps=k)
+    mcmc = MCMC(kernel, num_warmup=4, num_samples=60, progress_bar=False)
+    mcmc.run(random.key(2), y)
+    noted = [i for i, _ in kernel._clock if i is not None]
+    ends = k * np.arange(1, 65)
+    starts = ends - k
+    due = (ends // (16 * k) != starts // (16 * k)) | ((ends ^ starts) > starts)
+    assert noted == list(ends[due])
+    assert len(noted) == 4 + 7  # 320, 640, 960, 1280; 1-16, 32, 64, ..., 1024
+
+
 def test_num_steps_must_be_a_positive_int():
     for bad in (0, -1, 2.5, True, "5"):
         with pytest.raises(ValueError, match="num_steps must be a positive int"):
