@@ -31,14 +31,59 @@ except ImportError:  # pragma: no cover - older JAX
 
 class GatherPlan:
     """What :func:`trace_gathers` found: the closed program of one datum's term,
-    its live equations, and, per parameter leaf, the index of the one gather
-    that reads it (``None`` for a leaf whose per-datum gradient stays dense)."""
+    its live equations, per qualifying parameter leaf the one gather that reads
+    it (``cuts``: equation index -> leaf index) and the elementwise operations
+    between the leaf and that gather (``chains``: leaf index -> (equation index,
+    the leaf's operand position) pairs, in order)."""
 
-    def __init__(self, closed, live, cuts):
+    def __init__(self, closed, live, cuts, chains):
         self.closed = closed
         self.live = live
-        self.cuts = cuts  # {equation index: leaf index}
+        self.cuts = cuts
+        self.chains = chains
         self.gathers = {j: closed.jaxpr.eqns[k] for k, j in cuts.items()}
+        #: Equations not evaluated on the whole leaf: they run on its slices.
+        self.on_slices = {k for j in cuts.values() for k, _ in chains[j]}
+
+
+#: Elementwise operations of one array that may stand between a leaf and its
+#: gather (a constrained parameter's transform: ``exp`` for a positive one, the
+#: logistic for a unit interval); they commute with taking a slice.
+_UNARY = {
+    "abs",
+    "convert_element_type",
+    "cos",
+    "exp",
+    "exp2",
+    "expm1",
+    "integer_pow",
+    "log",
+    "log1p",
+    "logistic",
+    "neg",
+    "rsqrt",
+    "sin",
+    "sqrt",
+    "square",
+    "tanh",
+}
+#: Elementwise operations of the leaf and a scalar (an affine transform's
+#: constants, or a scalar parameter: its gradient then flows through the slice).
+_WITH_SCALAR = {"add", "sub", "mul", "div", "max", "min"}
+
+
+def _commutes_with_slicing(eqn, position):
+    """Whether ``eqn`` is elementwise in its operand ``position`` alone, so that
+    applying it to a slice gives the slice of its output."""
+    name = eqn.primitive.name
+    (out,) = eqn.outvars
+    if out.aval.shape != eqn.invars[position].aval.shape:
+        return False
+    if name in _UNARY:
+        return len(eqn.invars) == 1
+    if name in _WITH_SCALAR and len(eqn.invars) == 2:
+        return eqn.invars[1 - position].aval.shape == ()
+    return False
 
 
 def _live_equations(jaxpr):
@@ -62,43 +107,52 @@ def trace_gathers(term, leaves, index):
 
     A leaf qualifies when the term reads it in exactly one place, as the operand
     of a ``gather`` that takes one slice (one start index: the datum's row), at
-    start indices that do not depend on any parameter. A slice's entries are
-    distinct coordinates, so the datum's gradient in that leaf is the slice's
-    gradient scattered there and nothing else.
+    start indices that do not depend on any parameter; elementwise operations of
+    the leaf alone (its constraining transform) may come between, each with one
+    use. A slice's entries are distinct coordinates, so the datum's gradient in
+    that leaf is the slice's gradient scattered there and nothing else.
     """
     closed = jax.make_jaxpr(term)(leaves, index)
     jaxpr = closed.jaxpr
     leaf_vars = jaxpr.invars[: len(leaves)]
     live = _live_equations(jaxpr)
     depends = set(leaf_vars)  # variables computed from the parameters
-    uses = {v: [] for v in leaf_vars}
+    uses = {}  # variable -> [(equation index, operand position)], live ones
     for k in sorted(live):
         eqn = jaxpr.eqns[k]
         ins = [v for v in eqn.invars if not isinstance(v, Literal)]
         for position, v in enumerate(eqn.invars):
-            if not isinstance(v, Literal) and v in uses:
-                uses[v].append((k, position))
+            if not isinstance(v, Literal):
+                uses.setdefault(v, []).append((k, position))
         if any(v in depends for v in ins):
             depends.update(v for v in eqn.outvars if not isinstance(v, DropVar))
     outputs = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
-    cuts = {}
+    cuts, chains = {}, {}
     for j, v in enumerate(leaf_vars):
-        if v in outputs or len(uses[v]) != 1:
-            continue
-        k, position = uses[v][0]
-        eqn = jaxpr.eqns[k]
-        if eqn.primitive.name != "gather" or position != 0:
-            continue
-        start = eqn.invars[1]
-        if not isinstance(start, Literal) and start in depends:
-            continue
-        dims = eqn.params["dimension_numbers"]
-        if getattr(dims, "operand_batching_dims", ()):
-            continue
-        if math.prod(start.aval.shape[:-1]) != 1:  # one slice only
-            continue
-        cuts[k] = j
-    return GatherPlan(closed, live, cuts) if cuts else None
+        chain = []
+        while v not in outputs and len(uses.get(v, ())) == 1:
+            ((k, position),) = uses[v]
+            eqn = jaxpr.eqns[k]
+            if eqn.primitive.name == "gather":
+                if position == 0 and _one_slice_at_data_indices(eqn, depends):
+                    cuts[k], chains[j] = j, chain
+                break
+            if not _commutes_with_slicing(eqn, position):
+                break
+            chain.append((k, position))
+            (v,) = eqn.outvars
+    return GatherPlan(closed, live, cuts, chains) if cuts else None
+
+
+def _one_slice_at_data_indices(eqn, depends):
+    """Whether a gather takes one slice (one start index: the datum's row) at
+    start indices that do not depend on the parameters."""
+    start = eqn.invars[1]
+    if not isinstance(start, Literal) and start in depends:
+        return False
+    if getattr(eqn.params["dimension_numbers"], "operand_batching_dims", ()):
+        return False
+    return math.prod(start.aval.shape[:-1]) == 1
 
 
 def _evaluate(plan, leaves, index, deltas):
@@ -114,20 +168,24 @@ def _evaluate(plan, leaves, index, deltas):
 
     starts = {}
     for k, eqn in enumerate(jaxpr.eqns):
-        if k not in plan.live:
+        if k not in plan.live or k in plan.on_slices:
             continue
-        ins = [read(v) for v in eqn.invars]
-        params = eqn.primitive.get_bind_params(eqn.params)
-        # JAX < 0.5 returns (subfunctions, params); later JAX the params alone.
-        subfuns, params = params if isinstance(params, tuple) else ((), params)
-        with getattr(getattr(eqn, "ctx", None), "manager", nullcontext()):
-            outs = eqn.primitive.bind(*subfuns, *ins, **params)
+        if k in plan.cuts:
+            # The leaf's slice, moved by delta, then the operations between the
+            # leaf and the gather applied to the slice alone.
+            j = plan.cuts[k]
+            start = read(eqn.invars[1])
+            x = _bind(eqn, [leaves[j], start]) + deltas[j]
+            for c, position in plan.chains[j]:
+                op = jaxpr.eqns[c]
+                ins = [x if p == position else read(v) for p, v in enumerate(op.invars)]
+                x = _bind(op, ins)
+            starts[j] = start
+            env[eqn.outvars[0]] = x
+            continue
+        outs = _bind(eqn, [read(v) for v in eqn.invars])
         if not eqn.primitive.multiple_results:
             outs = [outs]
-        if k in plan.cuts:
-            j = plan.cuts[k]
-            outs = [outs[0] + deltas[j]]
-            starts[j] = ins[1]
         for v, x in zip(eqn.outvars, outs):
             if not isinstance(v, DropVar):
                 env[v] = x
@@ -141,8 +199,8 @@ def gathered_rows(plan, leaves, indices):
     None, ``local[j]`` the n slices' gradients and ``starts[j]`` their start
     indices; any other leaf has its dense rows ``dense[j]`` (n, *leaf shape)."""
     cut = set(plan.gathers)
-    zeros = {
-        j: jnp.zeros(eqn.outvars[0].aval.shape, eqn.outvars[0].aval.dtype)
+    zeros = {  # the slice's shape, the leaf's dtype
+        j: jnp.zeros(eqn.outvars[0].aval.shape, jnp.result_type(leaves[j]))
         for j, eqn in plan.gathers.items()
     }
 
@@ -162,6 +220,16 @@ def gathered_rows(plan, leaves, indices):
         [local.get(j) for j in range(n)],
         [starts.get(j) for j in range(n)],
     )
+
+
+def _bind(eqn, ins):
+    """The equation's operation on the values ``ins`` (as JAX's own evaluator
+    binds it)."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    # JAX < 0.5 returns (subfunctions, params); later JAX the params alone.
+    subfuns, params = params if isinstance(params, tuple) else ((), params)
+    with getattr(getattr(eqn, "ctx", None), "manager", nullcontext()):
+        return eqn.primitive.bind(*subfuns, *ins, **params)
 
 
 def gather_of(eqn):

@@ -220,19 +220,24 @@ def test_streamed_per_datum_rows_give_the_noise_statistics_of_all_rows(rows):
 
 
 def grouped(g, h, x, y):
-    """Group effects read by index: ``alpha`` and ``U`` once per datum (gathered
-    rows), ``V`` twice (a pair of rows, kept dense), ``beta`` and ``s`` densely."""
+    """Group effects read by index: ``alpha``, ``U``, the positive ``tau``
+    (through its exp) and ``W`` (scaled by the parameter ``beta`` first) once
+    per datum (gathered rows); ``V`` twice (a pair of rows, kept dense);
+    ``beta`` and ``s`` densely."""
     num_groups = 6
     beta = numpyro.sample("beta", dist.Normal(0, 1))
     alpha = numpyro.sample("alpha", dist.Normal(0, 1).expand([num_groups]).to_event(1))
     U = numpyro.sample("U", dist.Normal(0, 1).expand([num_groups, 3]).to_event(2))
     V = numpyro.sample("V", dist.Normal(0, 1).expand([10, 3]).to_event(2))
     s = numpyro.sample("s", dist.LogNormal(0, 1))
+    tau = numpyro.sample("tau", dist.HalfNormal(1).expand([6]).to_event(1))
+    W = numpyro.sample("W", dist.Normal(0, 1).expand([6]).to_event(1))
     with numpyro.plate("data", x.shape[0], subsample_size=8) as idx:
         gi, hi = g[idx], h[idx]
         mean = alpha[gi] + beta * x[idx, 0] + jnp.sum(U[gi] * x[idx], -1)
+        mean = mean + (W * beta)[gi]
         mean = mean + jnp.sum(V[hi] * V[(hi + 1) % 10], -1)
-        numpyro.sample("y", dist.Normal(mean, s), obs=y[idx])
+        numpyro.sample("y", dist.Normal(mean, s + tau[gi]), obs=y[idx])
 
 
 def test_gathered_rows_give_the_noise_statistics_of_dense_rows():
@@ -254,11 +259,13 @@ def test_gathered_rows_give_the_noise_statistics_of_dense_rows():
         "U": random.normal(keys[5], (6, 3)) * 0.5,
         "V": jnp.linspace(-1, 1, 30).reshape(10, 3),
         "s": jnp.array(0.1),
+        "tau": jnp.linspace(-1.0, 0.5, 6),
+        "W": jnp.linspace(0.5, -0.5, 6),
     }
     centre = jax.tree.map(lambda v: 0.5 * v, z)
     key = random.key(3)
-    # d = 56: dense rows pass 400 floats a chunk; gathered ones (32 dense floats
-    # and 2 x 4 for the slices and their gradients a row) come 8 or 4 at a time.
+    # d = 68: dense rows pass 400 floats a chunk; gathered ones (32 dense floats
+    # and 2 x 6 for the slices and their gradients a row) come 8 or 4 at a time.
     for budget, kw in [
         (400, {"noise": True}),
         (200, {"noise": True}),
@@ -273,8 +280,9 @@ def test_gathered_rows_give_the_noise_statistics_of_dense_rows():
         assert rows.chunk == {400: 8, 200: 4}[budget]
         chunk = rows.fn(indices["data"][: rows.chunk])
         assert isinstance(chunk, GatheredRows)
-        leaf = chunk.treedef.unflatten(range(5))
-        assert {k for k, j in leaf.items() if j in chunk.gathers} == {"alpha", "U"}
+        leaf = chunk.treedef.unflatten(range(7))
+        cut = {k for k, j in leaf.items() if j in chunk.gathers}
+        assert cut == {"alpha", "U", "tau", "W"}
         # As a compiled program whose data are arguments (jit_model_args).
         a = whole(key, z, data, {})
         b = jax.jit(lambda data: gathered(key, z, data, {}))(data)  # noqa: B023
