@@ -12,9 +12,10 @@ datum's dense gradient costs O(n d).
 :func:`trace_gathers` finds such parameters in the program of one datum's term
 (JAX's jaxpr); :func:`gathered_rows` evaluates that program with each of their
 gathers cut open, so that reverse mode gives the gradient of the gathered slice
-instead of the whole parameter. Anything else (a parameter read twice, through
-another operation, or at indices that depend on the parameters) keeps its dense
-per-datum gradient.
+instead of the whole parameter; elementwise operations of the parameter alone
+before the gather (its constraint's transform) run on the slice. Anything else
+(a parameter read twice, reshaped or combined with another array first, or read
+at indices that depend on the parameters) keeps its dense per-datum gradient.
 """
 
 from contextlib import nullcontext
