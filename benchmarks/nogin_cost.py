@@ -135,4 +135,7 @@ if __name__ == "__main__":
         help="time the parts of the low-rank O-step instead of whole kernels",
     )
     parsed = parser.parse_args()
-    o_step(parsed) if parsed.o_step else main(parsed)
+    if parsed.o_step:
+        o_step(parsed)
+    else:
+        main(parsed)

@@ -214,13 +214,9 @@ def gathered_rows(plan, leaves, indices):
         grads, starts = jax.grad(value, argnums=(0, 1), has_aux=True)(dense, zeros)
         return grads, starts
 
-    (dense, local), starts = jax.vmap(one)(indices)
+    (dense, local), starts = jax.vmap(one)(indices)  # dense: None where cut
     n = len(leaves)
-    return (
-        [dense[j] if j not in cut else None for j in range(n)],
-        [local.get(j) for j in range(n)],
-        [starts.get(j) for j in range(n)],
-    )
+    return dense, [local.get(j) for j in range(n)], [starts.get(j) for j in range(n)]
 
 
 def _bind(eqn, ins):
@@ -238,6 +234,6 @@ def gather_of(eqn):
     operand's shape."""
 
     def fn(operand, start):
-        return eqn.primitive.bind(operand, start, **eqn.params)
+        return _bind(eqn, [operand, start])
 
     return fn

@@ -275,10 +275,9 @@ class GatheredRows:
         means, m2s = [], []
         for j, shape in enumerate(self.shapes):
             if j not in self.gathers:
-                rows = self.dense[j]
-                mean = jnp.mean(rows, axis=0)
+                mean, m2 = _row_moments(self.dense[j])  # one leaf's rows
                 means.append(mean)
-                m2s.append(jnp.sum(jnp.square(rows - mean), axis=0))
+                m2s.append(m2)
                 continue
             local, starts = self.local[j], self.starts[j]
             n = local.shape[0]
@@ -787,10 +786,8 @@ class MinibatchEstimator(Estimator):
         )
         if plan is None:
             return None
-        per_row = sum(
-            int(np.prod(jnp.shape(x)))
-            for j, x in enumerate(leaves)
-            if j not in plan.gathers
+        per_row = _flat_size(
+            [x for j, x in enumerate(leaves) if j not in plan.gathers]
         ) + sum(2 * eqn.outvars[0].aval.size for eqn in plan.gathers.values())
         rows = _largest_divisor(jnp.shape(indices)[0], self._row_budget() // per_row)
         if rows <= chunk:

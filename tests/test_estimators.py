@@ -230,8 +230,8 @@ def grouped(g, h, x, y):
     U = numpyro.sample("U", dist.Normal(0, 1).expand([num_groups, 3]).to_event(2))
     V = numpyro.sample("V", dist.Normal(0, 1).expand([10, 3]).to_event(2))
     s = numpyro.sample("s", dist.LogNormal(0, 1))
-    tau = numpyro.sample("tau", dist.HalfNormal(1).expand([6]).to_event(1))
-    W = numpyro.sample("W", dist.Normal(0, 1).expand([6]).to_event(1))
+    tau = numpyro.sample("tau", dist.HalfNormal(1).expand([num_groups]).to_event(1))
+    W = numpyro.sample("W", dist.Normal(0, 1).expand([num_groups]).to_event(1))
     with numpyro.plate("data", x.shape[0], subsample_size=8) as idx:
         gi, hi = g[idx], h[idx]
         mean = alpha[gi] + beta * x[idx, 0] + jnp.sum(U[gi] * x[idx], -1)
