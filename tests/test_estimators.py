@@ -43,6 +43,39 @@ def test_draw_indices_with_replacement():
     assert idx.shape == (1000,) and len(np.unique(idx)) == 10
 
 
+def test_draw_indices_are_uniform_at_ten_to_the_eight():
+    # random.randint(key, (n,), 0, N) for N > 2**16 is one 32-bit word modulo N,
+    # so its first 2**32 mod N indices (95 % of N = 10**8) come 43/42 times as
+    # often as the rest: that fraction of the draws would be 0.95082 against
+    # 0.94967, 10 binomial standard errors apart at 4 * 10**6 draws.
+    size, draws = 10**8, 4 * 10**6
+    below = 2**32 % size
+    idx = np.asarray(draw_indices(random.key(3), size, draws, replace=True))
+    assert idx.min() >= 0 and idx.max() < size
+    p = below / size
+    se = np.sqrt(p * (1 - p) / draws)
+    assert abs(np.mean(idx < below) - p) < 4 * se
+
+
+@pytest.mark.parametrize("make_key", [random.key, random.PRNGKey])
+def test_draw_indices_is_the_multiply_shift_of_two_words(make_key):
+    # floor((w0 * 2**32 + w1) * N / 2**64) in exact integers, the words those of
+    # the key's threefry blocks (0, i): the same from the same key, whatever its
+    # kind, and a valid draw from a key of another implementation.
+    from numpyro_sgbd.estimators import _index_words
+
+    for size in (7, 10**6, 2**31 - 1):
+        key = make_key(size)
+        idx = np.asarray(draw_indices(key, size, 500, replace=True))
+        w0, w1 = np.asarray(_index_words(key, 500)).astype(object)
+        exact = [((int(a) << 32 | int(b)) * size) >> 64 for a, b in zip(w0, w1)]
+        np.testing.assert_array_equal(idx, exact)
+    rbg = np.asarray(draw_indices(random.key(0, impl="rbg"), 1000, 50, replace=True))
+    assert rbg.min() >= 0 and rbg.max() < 1000 and len(np.unique(rbg)) > 40
+    with pytest.raises(ValueError, match="size must be between 1 and 2"):
+        draw_indices(random.key(0), 2**31, 10)
+
+
 def test_noise_variance_factor():
     assert noise_variance_factor(1000, 10) == pytest.approx(10 * 0.99)
     assert noise_variance_factor(1000, 10, replace=True) == 10.0
