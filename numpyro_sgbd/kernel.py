@@ -163,6 +163,31 @@ def _warn_on_host(pred, warn, i, *args):
     return jax.lax.cond(pred, call, lambda i, *args: i, i, *args)
 
 
+def _flat_draws(batch_shape, leaves):
+    """The chains' positions, one row each (as ``ravel_pytree`` orders them), on
+    the host, float64: ``leaves`` are the position's leaves, each with the leading
+    ``batch_shape`` (vectorized chains) or none."""
+    rows = int(np.prod(batch_shape))
+    return np.concatenate(
+        [np.asarray(leaf, np.float64).reshape(rows, -1) for leaf in leaves]
+        or [np.zeros((rows, 0))],
+        axis=1,
+    )
+
+
+def _smallest_step(batch_shape, step_size, scale):
+    """Each chain's smallest step in u, on the host: the step in v times the
+    smallest scale (where the noise holds the chain still, its windows shrink the
+    scale and the step in v grows to the target while the move in u stays as
+    small); NaN without an adapted step."""
+    if step_size is None:
+        return np.full(batch_shape, np.nan)
+    step = np.asarray(step_size, np.float64)
+    if scale is not None:
+        step = step * np.min(np.asarray(scale), axis=-1)
+    return step
+
+
 def _warn_nonfinite(i):
     warnings.warn(
         f"A chain produced a non-finite value at iteration {int(np.max(i))} and has "
@@ -1266,26 +1291,21 @@ class _SGKernel(MCMCKernel):
         due = first_stop | _clock_due(
             state.i, new_state.i, _note_every(self._num_steps)
         )
-        flat = (
-            # axis_size: a model with no latent site has an empty z.
-            jax.vmap(lambda z: ravel_pytree(z)[0], axis_size=jnp.shape(new_state.i)[0])(
-                new_state.z
-            )
-            if self._batched
-            else ravel_pytree(new_state.z)[0]
-        )
-        step = (
-            jnp.full(jnp.shape(new_state.i), jnp.nan, flat.dtype)
-            if new_state.step_size is None
-            else new_state.step_size
-        )
-        if new_state.scale is not None:
-            # The smallest step a coordinate of u takes: where the noise holds
-            # the chain still, its windows shrink s and the step in v grows to
-            # the target while the move in u stays as small.
-            step = step * jnp.min(new_state.scale.scale, axis=-1)
+        # The drift check's draws and the step check's smallest step are formed on
+        # the host, from what the state holds: formed here they were a few small
+        # programs every step, operands of the host call's branch (with its branch,
+        # 2.3 to 2.6 against 1.1 to 1.5 us a step on a CPU at n = 100).
+        scale = None if new_state.scale is None else new_state.scale.scale
         return new_state._replace(
-            i=_warn_on_host(due, self._on_host, new_state.i, first_stop, flat, step)
+            i=_warn_on_host(
+                due,
+                self._on_host,
+                new_state.i,
+                first_stop,
+                jax.tree.leaves(new_state.z),
+                new_state.step_size,
+                scale,
+            )
         )
 
     def _check_closed_over(self, state, model_args, model_kwargs):
@@ -1325,20 +1345,21 @@ class _SGKernel(MCMCKernel):
                 stacklevel=2,
             )
 
-    def _on_host(self, i, first_stop, flat, step):
+    def _on_host(self, i, first_stop, leaves, step_size, scale):
         if first_stop:
             _warn_nonfinite(i)
+        batch_shape = np.shape(i)
         i = int(np.max(i))
         self._clock.append((i, time.perf_counter()))
         if i > self._num_warmup and not getattr(self, "_step_checked", True):
             self._step_checked = True
-            self._check_step(np.asarray(step))
+            self._check_step(_smallest_step(batch_shape, step_size, scale))
         every = _note_every(self._num_steps)
         if i > self._num_warmup and _crossed(i - self._num_steps, i, every):
             points = getattr(self, "_drift_points", None)
             if points is None:
                 points = self._drift_points = []
-            points.append(np.asarray(flat, np.float64).reshape(-1, flat.shape[-1]))
+            points.append(_flat_draws(batch_shape, leaves))
             if len(points) >= _DRIFT_MIN_POINTS and not (
                 len(points) & (len(points) - 1)
             ):
