@@ -150,11 +150,18 @@ def _warn_on_host(pred, warn, i, *args):
     effect loses jit's C++ dispatch path, and NumPyro's progress bar dispatches the
     compiled step once per iteration from Python, which made a step with the bar on
     about ten times slower.
+
+    ``warn`` gets NumPy arrays. JAX hands a callback its operands as JAX arrays,
+    and every NumPy function applied to one dispatches a JAX operation (25 us each
+    on this machine's CPU, a compilation the first time): converted once here, a
+    call costs about 0.1 ms where it cost 0.3 to 0.5 ms, and the note every 256
+    steps costs a few tenths of a microsecond a step (n = 100: it cost 1.8).
     """
 
     def on_host(i, *args):
+        i, args = np.asarray(i), jax.tree.map(np.asarray, args)
         warn(i, *args)
-        return np.asarray(i)
+        return i
 
     def call(i, *args):
         shape = jax.ShapeDtypeStruct(jnp.shape(i), jnp.result_type(i))
@@ -198,15 +205,23 @@ def _warn_nonfinite(i):
     )
 
 
-# The step notes the host time after iterations 1, 2, 4, ..., 256 and every 256th
-# after that: one host call per 256 steps (well under 1% of a 10-microsecond step),
-# enough for `wall_time` to place a run's start and end (the tail after the last
-# note is extrapolated at the rate between the last two). With num_steps > 16 steps
-# a sample, every 16th sample instead: with the progress bar each host call waits
-# for NumPyro's Python loop to let go of the interpreter, and a note every 2.56
-# samples (num_steps=100) cost about a tenth of the run (benchmarks (g)).
+# The step calls the host (a "note") for `wall_time`'s clock, the stationarity
+# check's thinned draws and the step check. Warmup is noted at iterations 1, 2, 4,
+# 8, ...; sampling at its own steps t = 1, 2, 4, ... and at the multiples of a
+# spacing that doubles with t: `_CLOCK_EVERY` (or `_CLOCK_SAMPLES` samples where
+# that is more) until t reaches `_NOTES_PER_OCTAVE` spacings, then a
+# `_NOTES_PER_OCTAVE`-th of the largest power of two up to t. So a run of M
+# sampling steps calls the host about 16 log2(M / 4096) times and keeps 16 to 32
+# evenly spaced draws for the check.
+# Each call costs far more than its Python: on a 2-core CPU about 0.5 ms (JAX's
+# callback places the operands on the device, some 70 us alone, and the XLA
+# thread pool's idle workers spin against it), so a note every 256 steps cost
+# 1.7 us of a 9 us step at n = 100 (benchmarks (d)). With the progress bar each
+# call also waits for NumPyro's Python loop to let go of the interpreter: hence
+# every `_CLOCK_SAMPLES` samples at most with num_steps > 16 (benchmarks (g)).
 _CLOCK_EVERY = 256
 _CLOCK_SAMPLES = 16
+_NOTES_PER_OCTAVE = 16
 #: Data larger than this, compiled into NumPyro's sampling loop as constants
 #: (``jit_model_args=False``), draw a warning naming ``jit_model_args=True``.
 CONSTANT_DATA_WARN_BYTES = 64 * 2**20
@@ -216,9 +231,28 @@ _DRIFT_MIN_POINTS = 16
 
 
 def _note_every(num_steps):
-    """Steps between two host notes of a kernel taking ``num_steps`` steps a
-    sample: ``_CLOCK_EVERY``, or ``_CLOCK_SAMPLES`` samples where that is more."""
+    """The sampling notes' first spacing, in steps, for a kernel taking
+    ``num_steps`` steps a sample: ``_CLOCK_EVERY``, or ``_CLOCK_SAMPLES`` samples
+    where that is more."""
     return max(_CLOCK_EVERY, _CLOCK_SAMPLES * num_steps)
+
+
+def _spacing(t, num_steps):
+    """Steps between two sampling notes at sampling step ``t >= 1`` (host ints):
+    the first spacing ``_note_every(num_steps)``, doubled once for each doubling
+    of ``t`` past ``2 * _NOTES_PER_OCTAVE`` first spacings. So ``t`` holds 16 to
+    32 spacings once it holds 16, and each spacing's multiples are multiples of
+    the one before."""
+    base = _note_every(num_steps)
+    return base << (t // (2 * _NOTES_PER_OCTAVE * base)).bit_length()
+
+
+def _traced_spacing(t, num_steps):
+    """:func:`_spacing` of traced integer steps ``t >= 1``."""
+    base = _note_every(num_steps)
+    octaves = t // (2 * _NOTES_PER_OCTAVE * base)
+    bits = jnp.iinfo(octaves.dtype).bits - jax.lax.clz(octaves)
+    return jnp.left_shift(jnp.asarray(base, t.dtype), bits.astype(t.dtype))
 
 
 def _crossed(before, after, every):
@@ -226,12 +260,22 @@ def _crossed(before, after, every):
     return after // every != before // every
 
 
-def _clock_due(before, after, every):
-    """Whether the steps ``(before, after]`` (one sample: ``num_steps`` of
-    them) passed a multiple of ``every`` or a power of two (a power of
-    two lies in ``(j, i]`` exactly when ``i`` has more bits than ``j``, that is
-    ``i ^ j > j``)."""
-    return jnp.any(_crossed(before, after, every) | ((after ^ before) > before))
+def _two_power_crossed(before, after):
+    """Whether ``(before, after]`` (``0 <= before < after``) holds a power of two:
+    exactly when ``after`` has more bits than ``before``, ``after ^ before >
+    before``."""
+    return (after ^ before) > before
+
+
+def _clock_due(before, after, num_warmup, num_steps):
+    """Whether one sample's steps ``(before, after]`` end with a note: at a power
+    of two of the warmup iteration or of the sampling step ``t = i - num_warmup``,
+    or at a multiple of :func:`_spacing` of ``t``."""
+    sampling = after > num_warmup
+    t0 = jnp.where(sampling, jnp.maximum(before - num_warmup, 0), before)
+    t1 = jnp.where(sampling, after - num_warmup, after)
+    spaced = sampling & _crossed(t0, t1, _traced_spacing(jnp.maximum(t1, 1), num_steps))
+    return jnp.any(_two_power_crossed(t0, t1) | spaced)
 
 
 def wall_time(kernel, mcmc):
@@ -239,9 +283,10 @@ def wall_time(kernel, mcmc):
     the host times the kernel noted; ``None`` when they do not cover that run.
 
     The kernel notes a start when ``init`` runs and when NumPyro traces ``sample``
-    (each ``run`` compiles its loop anew), and the end of iterations 1, 2, 4, ...,
-    256 and every 256th after that (every ``16 num_steps``-th where that is
-    more). The run's iterations are ``(i_end - steps,
+    (each ``run`` compiles its loop anew), and the end of warmup iterations 1, 2,
+    4, ... and of sampling iterations 1, 2, 4, ... and every 256th (every
+    ``16 num_steps``-th where that is more; the spacing doubles with each doubling
+    of the run past 32 spacings). The run's iterations are ``(i_end - steps,
     i_end]``, ``i_end`` the last state's iteration count and ``steps`` the warmup
     (unless the run resumed from ``post_warmup_state``) plus ``num_samples``,
     times the kernel's ``num_steps``; the steps after the last note are timed at
@@ -1289,13 +1334,14 @@ class _SGKernel(MCMCKernel):
         # One host call for the warning, the clock (see `wall_time`) and the
         # stationarity check's thinned draws (see `_check_drift`).
         due = first_stop | _clock_due(
-            state.i, new_state.i, _note_every(self._num_steps)
+            state.i, new_state.i, self._num_warmup, self._num_steps
         )
         # The drift check's draws and the step check's smallest step are formed on
         # the host, from what the state holds: formed here, as operands of the
         # host call's branch, they were computed every step though read once in
         # 256 (vanilla SGBD, n = 100, a CPU: the note cost 2.6 to 3.0 us a step
-        # with them, 1.9 without).
+        # with them, 1.9 without; the rest was the calls themselves, see
+        # `_CLOCK_EVERY`).
         scale = None if new_state.scale is None else new_state.scale.scale
         return new_state._replace(
             i=_warn_on_host(
@@ -1355,16 +1401,20 @@ class _SGKernel(MCMCKernel):
         if i > self._num_warmup and not getattr(self, "_step_checked", True):
             self._step_checked = True
             self._check_step(_smallest_step(batch_shape, step_size, scale))
-        every = _note_every(self._num_steps)
-        if i > self._num_warmup and _crossed(i - self._num_steps, i, every):
-            points = getattr(self, "_drift_points", None)
-            if points is None:
-                points = self._drift_points = []
-            points.append(_flat_draws(batch_shape, leaves))
-            if len(points) >= _DRIFT_MIN_POINTS and not (
-                len(points) & (len(points) - 1)
+        t, k = i - self._num_warmup, self._num_steps
+        if t <= 0:
+            return
+        every, before = _spacing(t, k), _spacing(max(t - k, 1), k)
+        if _crossed(t - k, t, every):
+            points = getattr(self, "_drift_points", None) or []
+            points.append((t, _flat_draws(batch_shape, leaves)))
+            if len(points) >= _DRIFT_MIN_POINTS and (
+                len(points) == _DRIFT_MIN_POINTS or _two_power_crossed(max(t - k, 0), t)
             ):
-                self._check_drift(i)
+                self._check_drift(i, [row for _, row in points], before)
+            # Kept: the draws at the new spacing's multiples (when the spacing
+            # doubles, every other one goes).
+            self._drift_points = [p for p in points if _crossed(p[0] - k, p[0], every)]
 
     #: ``step_size=None`` warns when warmup ends with a step below this fraction
     #: of the kernel's target in u.
@@ -1391,14 +1441,15 @@ class _SGKernel(MCMCKernel):
             stacklevel=2,
         )
 
-    def _check_drift(self, i):
-        """Warn, once per run, when the sampling draws noted so far (one every
-        ``_note_every(num_steps)`` iterations) still drift
+    def _check_drift(self, i, rows, every):
+        """Warn, once per run, when the sampling draws noted so far (``rows``, 16
+        to 32 blocks of rows, ``every`` iterations apart) still drift
         (:func:`~numpyro_sgbd.diagnostics.drift`). Checked when their number
-        reaches 16, 32, 64, ...: a few tests per run."""
+        reaches 16 and at each power of two of the sampling iterations after that:
+        once for each doubling of the run."""
         if getattr(self, "_drift_warned", False):
             return
-        points = np.concatenate(self._drift_points)
+        points = np.concatenate(rows)
         found = drift(points)
         if found is None:
             return
@@ -1408,7 +1459,7 @@ class _SGKernel(MCMCKernel):
             f"The chain is still drifting: over the {i - self._num_warmup} sampling "
             f"iterations so far, the mean of {self._flat_name(j)} moved {shift:.2g} "
             f"posterior sds between the first and last quarter ({abs(t):.1f} "
-            f"standard errors; draws every {_note_every(self._num_steps)} iterations). "
+            f"standard errors; draws every {every} iterations). "
             "The draws do "
             "not yet come from the stationary law: increase num_warmup (the chain "
             "may not have reached the posterior) or num_samples, or use "

@@ -591,18 +591,37 @@ def test_num_steps_runs_the_thinned_chain_inside_one_sample(y, kernel_name):
 def test_num_steps_notes_the_host_every_16_samples_at_most(y):
     # Each host note (wall_time's clock, the stationarity check's thinned draws)
     # is a callback; with the progress bar each waits for NumPyro's Python loop.
-    # At num_steps=k > 16 they come every 16k steps (and at powers of two),
-    # not every 256.
+    # At num_steps=k > 16 sampling notes come every 16k steps (and at powers of
+    # two of the sampling steps), not every 256; warmup's at powers of two only.
     k = 20
     kernel = KERNELS["SGBD"](normal_model, sd=MU_SD, num_steps=k)
     mcmc = MCMC(kernel, num_warmup=4, num_samples=60, progress_bar=False)
     mcmc.run(random.key(2), y)
     noted = [i for i, _ in kernel._clock if i is not None]
-    ends = k * np.arange(1, 65)
-    starts = ends - k
-    due = (ends // (16 * k) != starts // (16 * k)) | ((ends ^ starts) > starts)
-    assert noted == list(ends[due])
-    assert len(noted) == 4 + 7  # 320, 640, 960, 1280; 1-16, 32, 64, ..., 1024
+    warmup = [20, 40, 80]  # crossing 1-16, 32, 64
+    t_end = k * np.arange(1, 61)
+    t_start = t_end - k
+    due = (t_end // (16 * k) != t_start // (16 * k)) | ((t_end ^ t_start) > t_start)
+    assert noted == warmup + list(80 + t_end[due])
+    # 320, 640, 960; crossing 1-16, 32, 64, 128, 256, 512, 1024
+    assert len(noted) == 3 + 3 + 7
+
+
+def test_sampling_notes_thin_out_as_the_run_grows(y):
+    # The spacing of the sampling notes doubles with each doubling of the run
+    # past 32 spacings, so a long run calls the host some 16 times per doubling,
+    # and the stationarity check keeps 16 to 32 evenly spaced draws.
+    kernel = KERNELS["SGBD"](normal_model, sd=MU_SD)
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=20_000, progress_bar=False)
+    mcmc.run(random.key(2), y)
+    noted = [i for i, _ in kernel._clock if i is not None]
+    t = np.arange(1, 20_001)
+    spacing = np.select([t < 8192, t < 16384], [256, 512], 1024)
+    due = (t % spacing == 0) | ((t & (t - 1)) == 0)
+    assert noted == [1, 2, 4, 8] + list(10 + t[due])
+    kept = [t for t, _ in kernel._drift_points]
+    assert kept == list(range(1024, 20_001, 1024))
+    assert kernel._drift_points[-1][1].shape == (1, 1)
 
 
 def test_num_steps_must_be_a_positive_int():
