@@ -33,7 +33,7 @@ from numpyro.infer.util import (
 )
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
-from numpyro_sgbd import preconditioning
+from numpyro_sgbd import advice, preconditioning
 from numpyro_sgbd.diagnostics import drift
 from numpyro_sgbd.estimators import (
     Centre,
@@ -195,11 +195,11 @@ def _smallest_step(batch_shape, step_size, scale):
     return step
 
 
-def _warn_nonfinite(i):
+def _warn_nonfinite(i, remedies):
     warnings.warn(
         f"A chain produced a non-finite value at iteration {int(np.max(i))} and has "
-        "stopped there (state.num_nonfinite counts the refused steps). Reduce "
-        "step_size, or check the model's gradients.",
+        "stopped there (state.num_nonfinite counts the refused steps). "
+        f"{advice.join(remedies)}",
         RuntimeWarning,
         stacklevel=2,
     )
@@ -695,6 +695,9 @@ class _SGKernel(MCMCKernel):
         self._start_fn = None  # (cache key, compiled Laplace start)
         self._diagnostics = (0, "")
         self._num_warmup = 0
+        #: The kinds of warning the last run gave ("nonfinite", "step", "drift",
+        #: "stall"), in order; reset when a run starts.
+        self.run_warnings = ()
         # (iteration or None at `init`, host seconds): see `wall_time`.
         self._clock = []
 
@@ -1299,6 +1302,7 @@ class _SGKernel(MCMCKernel):
         self._clock.append((None, time.perf_counter()))
         self._drift_points, self._drift_warned = [], False
         self._step_checked = False
+        self.run_warnings = ()
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._check_closed_over(state, model_args, model_kwargs)
 
@@ -1394,7 +1398,8 @@ class _SGKernel(MCMCKernel):
 
     def _on_host(self, i, first_stop, leaves, step_size, scale):
         if first_stop:
-            _warn_nonfinite(i)
+            self._record_warning("nonfinite")
+            _warn_nonfinite(i, advice.nonfinite_remedies(self._run_facts()))
         batch_shape = np.shape(i)
         i = int(np.max(i))
         self._clock.append((i, time.perf_counter()))
@@ -1429,14 +1434,14 @@ class _SGKernel(MCMCKernel):
         smallest = float(np.nanmin(step))
         if smallest >= self._STEP_WARN_FRACTION * self._STEP_TARGET:
             return
+        self._record_warning("step")
+        remedies = advice.step_remedies(self._run_facts())
         warnings.warn(
             f"{type(self).__name__}: the gradient noise held the adapted step to "
             f"{smallest:.3g} in the whitened coordinates (target "
             f"{self._STEP_TARGET}) at the end of warmup, so each independent draw "
             f"takes some {(self._STEP_TARGET / smallest) ** 2:.0f} times more "
-            "iterations. Increase the subsample size (the noise sd falls like "
-            "1/sqrt(n)), or use gradient='control_variates' with one subsample "
-            "plate. See state.step_size.",
+            f"iterations (see mcmc.last_state.step_size). {advice.join(remedies)}",
             UserWarning,
             stacklevel=2,
         )
@@ -1454,18 +1459,36 @@ class _SGKernel(MCMCKernel):
         if found is None:
             return
         self._drift_warned = True
+        self._record_warning("drift")
         j, t, shift = found
+        remedies = advice.drift_remedies(self._run_facts())
         warnings.warn(
             f"The chain is still drifting: over the {i - self._num_warmup} sampling "
             f"iterations so far, the mean of {self._flat_name(j)} moved {shift:.2g} "
             f"posterior sds between the first and last quarter ({abs(t):.1f} "
-            f"standard errors; draws every {every} iterations). "
-            "The draws do "
-            "not yet come from the stationary law: increase num_warmup (the chain "
-            "may not have reached the posterior) or num_samples, or use "
-            "step_size=None to adapt the start, the preconditioner and the step.",
+            f"standard errors; draws every {every} iterations). The draws do not "
+            f"yet come from the stationary law. {advice.join(remedies)}",
             RuntimeWarning,
             stacklevel=2,
+        )
+
+    def _record_warning(self, kind):
+        """Note that this run warned (``kind``: "step", "drift", ...), for
+        :attr:`run_warnings` and :func:`~numpyro_sgbd.compare`."""
+        if kind not in self.run_warnings:
+            self.run_warnings = (*self.run_warnings, kind)
+
+    def _run_facts(self):
+        """What this run was set up with, for :mod:`~numpyro_sgbd.advice`."""
+        plates = {k: v[:2] for k, v in (self._plates or {}).items()}
+        shapes = self._z_shapes or {}
+        return advice.RunFacts(
+            sampler=type(self).__name__,
+            gradient=None if self._model is None else self._gradient,
+            adaptive=self._step_size_arg is None,
+            plates=plates,
+            dim=sum(int(np.prod(shape)) for shape in shapes.values()),
+            num_warmup=self._num_warmup // self._num_steps,
         )
 
     def _flat_name(self, j):

@@ -865,8 +865,14 @@ class NOGIN(_SGKernel):
             & (new_state.noise_damping > _STALL_DAMPING)
         )
         return new_state._replace(
-            i=_warn_on_host(stalled, _warn_stall, new_state.i, new_state.noise_damping)
+            i=_warn_on_host(
+                stalled, self._warn_stall, new_state.i, new_state.noise_damping
+            )
         )
+
+    def _warn_stall(self, i, damping):
+        self._record_warning("stall")
+        _warn_stall(i, damping)
 
     def _diagnostic_parts(self, state):
         return [

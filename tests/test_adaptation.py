@@ -204,9 +204,16 @@ def test_the_stationarity_warning_fires_on_a_drifting_chain():
     start = {
         "b": jnp.asarray(EXACT_MEAN + 30 * np.sqrt(np.diag(EXACT_COV)), jnp.float32)
     }
-    with pytest.warns(RuntimeWarning, match=r"still drifting.*mean of b\[\d\] moved"):
+    with pytest.warns(
+        RuntimeWarning, match=r"still drifting.*mean of b\[\d\] moved"
+    ) as caught:
         mcmc.run(random.key(3), X, Y, init_params=start)
         jax.block_until_ready(mcmc.get_samples())
+    assert "drift" in kernel.run_warnings
+    # A given step: adapting it is a remedy not yet in force, and so is NUTS here.
+    (text,) = [str(w.message) for w in caught if "drifting" in str(w.message)]
+    assert "step_size=None" in text and "num_warmup (now 100)" in text
+    assert "NUTS over all rows is affordable" in text
 
 
 def tiny_batches(x, y):
@@ -220,9 +227,15 @@ def test_a_step_held_down_by_the_noise_is_reported():
     # about sqrt(N / n) ~ 30, so the tolerance holds the step near 0.04 of 0.5.
     kernel = SGBD(tiny_batches, gradient="minibatch")
     mcmc = MCMC(kernel, num_warmup=200, num_samples=300, progress_bar=False)
-    with pytest.warns(UserWarning, match=r"held the adapted step to .*\(target 0\.5"):
+    with pytest.warns(
+        UserWarning, match=r"held the adapted step to .*\(target 0\.5"
+    ) as caught:
         mcmc.run(random.key(0), X, Y)
         jax.block_until_ready(mcmc.get_samples())
+    assert kernel.run_warnings[0] == "step"
+    (text,) = [str(w.message) for w in caught if "held the" in str(w.message)]
+    assert "gradient='control_variates'" in text
+    assert "from 2 towards 8" in text
     # The smallest move in u: the windows shrink s where the chain cannot move,
     # which raises the step in v = u / s but not the move.
     state = mcmc.last_state
@@ -370,3 +383,30 @@ def test_a_second_init_on_the_same_data_compiles_nothing(kernel_name, caplog):
     compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
     assert compiled == []
     assert not np.array_equal(np.asarray(first.z["b"]), np.asarray(again.z["b"]))
+
+
+def test_the_advice_leaves_out_what_is_in_force():
+    """The warnings' remedies come from the run: with control variates, adaptation
+    and a large N on (the default path), the step warning advises neither control
+    variates nor step_size=None, nor NUTS; the drift warning does not advise
+    step_size=None. The kernel's own warning paths are driven with the numbers
+    that trigger them."""
+    kernel = SGBD(regression)
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=20, progress_bar=False)
+    mcmc.run(random.key(0), X, Y)
+    assert kernel._gradient == "control_variates" and kernel.run_warnings == ()
+    kernel._plates = {"data": (2_000_000, 100, None)}  # as if N were large
+    with pytest.warns(UserWarning, match="held the adapted step") as caught:
+        kernel._check_step(np.array([0.001]))
+    text = str(caught[0].message)
+    assert "control_variates'" not in text and "step_size=None" not in text
+    assert "far from Gaussian" in text and "NUTS" not in text
+    assert "from 100 towards 400" in text
+    rows = np.random.default_rng(0).normal(size=(32, D))
+    rows[:, 2] += np.linspace(0.0, 5.0, 32)
+    with pytest.warns(RuntimeWarning, match="still drifting") as caught:
+        kernel._check_drift(kernel._num_warmup + 3200, list(rows[:, None]), 100)
+    text = str(caught[0].message)
+    assert "b[2]" in text and "step_size=None" not in text
+    assert "num_warmup (now 20)" in text
+    assert kernel.run_warnings == ("step", "drift")

@@ -1,0 +1,142 @@
+"""What a kernel's warnings advise: remedies chosen from the run's settings and
+measurements, never one that is already in force.
+
+A warning that names a fix the user already applied teaches them to ignore
+warnings. Each function here takes :class:`RunFacts` (what the kernel was asked to
+do and what the model is) and returns the remedies that still apply, in the
+order a user should try them; the kernel joins them into its message.
+"""
+
+from typing import NamedTuple
+
+__all__ = [
+    "RunFacts",
+    "drift_remedies",
+    "join",
+    "nonfinite_remedies",
+    "step_remedies",
+]
+
+#: Up to this many rows times parameters, NUTS over all the data is affordable
+#: (a few minutes on a CPU): the warnings say so instead of only tuning the SG run.
+NUTS_AFFORDABLE = 2_000_000
+
+
+class RunFacts(NamedTuple):
+    """What a run was set up with, for choosing remedies."""
+
+    #: The kernel's class name (``"SGBD"``, ``"SGLD"``, ``"NOGIN"``, ...).
+    sampler: str
+    #: ``"control_variates"``, ``"minibatch"`` or ``None`` (a user's gradient).
+    gradient: str = None
+    #: Whether warmup adapted the step (``step_size=None``).
+    adaptive: bool = False
+    #: ``{plate: (N, n)}`` of the subsample plates.
+    plates: dict = None
+    #: Number of unconstrained parameters.
+    dim: int = 0
+    #: Warmup samples of this run.
+    num_warmup: int = 0
+
+
+def _one_plate(facts):
+    plates = facts.plates or {}
+    return next(iter(plates.items())) if len(plates) == 1 else None
+
+
+def _nuts_affordable(facts):
+    """NUTS on all rows, where N x d is small enough for it."""
+    plate = _one_plate(facts)
+    if plate is None or not facts.dim:
+        return []
+    size = plate[1][0]
+    if size * facts.dim > NUTS_AFFORDABLE:
+        return []
+    return [
+        f"at N = {size:,} NUTS over all rows is affordable: "
+        "reference_posterior(model, *args) runs it on the same model"
+    ]
+
+
+def _larger_subsample(facts):
+    plate = _one_plate(facts)
+    if plate is None:
+        return []
+    name, (size, n) = plate
+    if 2 * n > size:
+        return []
+    return [
+        f"raise the subsample size of plate {name!r} from {n:,} towards "
+        f"{min(size, 4 * n):,} (the gradient noise sd falls like 1/sqrt(n))"
+    ]
+
+
+def step_remedies(facts):
+    """Remedies for an adapted step that the gradient noise held far below its
+    target.
+
+    >>> facts = RunFacts("SGBD", "minibatch", True, {"data": (10_000, 100)}, 5)
+    >>> [r.split(" ")[0] for r in step_remedies(facts)]
+    ['use', 'raise', 'at']
+    >>> cv = facts._replace(gradient="control_variates")
+    >>> any("control_variates" in r for r in step_remedies(cv))
+    False
+    """
+    remedies = []
+    if facts.gradient == "minibatch" and _one_plate(facts) is not None:
+        remedies.append(
+            "use gradient='control_variates' (the noise vanishes at the mode)"
+        )
+    remedies += _larger_subsample(facts)
+    if facts.gradient == "control_variates":
+        remedies.append(
+            "with control variates on, noise this large means the posterior is far "
+            "from Gaussian around its mode at this N, so no step size fixes it"
+        )
+    remedies += _nuts_affordable(facts)
+    return remedies
+
+
+def drift_remedies(facts):
+    """Remedies for draws that still drift at the end of the run.
+
+    >>> facts = RunFacts("SGLD", "control_variates", True, {"d": (500, 50)}, 3, 1000)
+    >>> any("step_size=None" in r for r in drift_remedies(facts))
+    False
+    >>> any("step_size=None" in r for r in drift_remedies(facts._replace(
+    ...     adaptive=False)))
+    True
+    """
+    remedies = [
+        f"raise num_warmup (now {facts.num_warmup:,}): the chain may not have "
+        "reached the posterior",
+        "raise num_samples",
+    ]
+    if not facts.adaptive:
+        remedies.append(
+            "use step_size=None to adapt the start, the preconditioner and the step"
+        )
+    return remedies + _nuts_affordable(facts)
+
+
+def nonfinite_remedies(facts):
+    """Remedies for a chain stopped by a non-finite value."""
+    if facts.adaptive:
+        return [
+            "check the model's gradients (a log density that overflows far from "
+            "the mode)",
+            "give a step_size below the adapted one (mcmc.last_state.step_size)",
+        ]
+    return ["reduce step_size", "check the model's gradients"]
+
+
+def join(remedies):
+    """``"a, b or c"``, capitalised, as a sentence's end."""
+    if not remedies:
+        return ""
+    text = (
+        remedies[0]
+        if len(remedies) == 1
+        else (", ".join(remedies[:-1]) + ", or " + remedies[-1])
+    )
+    return text[0].upper() + text[1:] + "."
