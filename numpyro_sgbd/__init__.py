@@ -11,6 +11,7 @@ from numpyro_sgbd.handlers import full_batch
 from numpyro_sgbd.host import host_data
 from numpyro_sgbd.kernel import Centre, SGState
 from numpyro_sgbd.modes import PosteriorMode, posterior_mode
+from numpyro_sgbd.monitoring import ConvergenceWarning
 from numpyro_sgbd.reference import full_batch_scores, reference_posterior
 from numpyro_sgbd.samplers import (
     NOGIN,
@@ -44,6 +45,7 @@ __all__ = [
     "Centre",
     "Comparison",
     "compare",
+    "ConvergenceWarning",
     "from_numpyro",
     "full_batch",
     "full_batch_scores",

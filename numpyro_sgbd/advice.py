@@ -9,8 +9,11 @@ order a user should try them; the kernel joins them into its message.
 
 from typing import NamedTuple
 
+import numpy as np
+
 __all__ = [
     "RunFacts",
+    "convergence_remedies",
     "drift_remedies",
     "join",
     "nonfinite_remedies",
@@ -112,6 +115,38 @@ def drift_remedies(facts):
         "reached the posterior",
         "raise num_samples",
     ]
+    if not facts.adaptive:
+        remedies.append(
+            "use step_size=None to adapt the start, the preconditioner and the step"
+        )
+    return remedies + _nuts_affordable(facts)
+
+
+def convergence_remedies(facts, *, ess, rhat, num_samples, warned=()):
+    """Remedies for draws with too few effective draws (``ess``, the smallest
+    bulk or tail ESS) or chains that disagree (``rhat``, the largest R-hat).
+
+    >>> facts = RunFacts("SGLD", "control_variates", True, {"d": (10**6, 100)}, 3)
+    >>> convergence_remedies(facts, ess=25.0, rhat=1.0, num_samples=1000)[0]
+    'raise num_samples from 1,000 to about 4,000 (the ESS grows in proportion)'
+    """
+    remedies = []
+    if rhat > 1.01:
+        remedies.append(
+            f"raise num_warmup (now {facts.num_warmup:,}): the chains disagree, so "
+            "some have not reached the posterior or the posterior has several "
+            "modes that no chain crosses between"
+        )
+    if ess < 100:
+        more = 100 / max(ess, 1.0) * num_samples
+        unit = 10 ** max(int(np.log10(more)) - 1, 0)  # two significant figures
+        more = int(np.ceil(more / unit) * unit)
+        remedies.append(
+            f"raise num_samples from {num_samples:,} to about {more:,} (the ESS "
+            "grows in proportion)"
+        )
+    if "step" in warned:
+        remedies.append("see the warning on the step the gradient noise held down")
     if not facts.adaptive:
         remedies.append(
             "use step_size=None to adapt the start, the preconditioner and the step"

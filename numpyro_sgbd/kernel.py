@@ -33,7 +33,7 @@ from numpyro.infer.util import (
 )
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
-from numpyro_sgbd import advice, preconditioning
+from numpyro_sgbd import advice, monitoring, preconditioning
 from numpyro_sgbd.diagnostics import drift
 from numpyro_sgbd.estimators import (
     Centre,
@@ -75,7 +75,15 @@ _FAMILY_HEAD = (
     "mean_noise_sd",
     "tolerance_exceeded",
 )
-_FAMILY_TAIL = ("num_nonfinite", "centre", "rng_key", "step_size", "scale", "aux")
+_FAMILY_TAIL = (
+    "num_nonfinite",
+    "centre",
+    "rng_key",
+    "step_size",
+    "scale",
+    "aux",
+    "trace",
+)
 
 
 def family_state(name, statistics=(), *, module=None):
@@ -89,7 +97,7 @@ def family_state(name, statistics=(), *, module=None):
     return namedtuple(
         name,
         _FAMILY_HEAD + tuple(statistics) + _FAMILY_TAIL,
-        defaults=(None, None, None),
+        defaults=(None, None, None, None),
         module=module,
     )
 
@@ -135,6 +143,9 @@ four sampler statistics ``potential_energy_estimate``, ``mean_noise_sd``,
    (:class:`~numpyro_sgbd.updates.position.PositionState` for SGBD and SGLD). Its
    position ``aux.z`` is the flat u with a preconditioner, and ``None`` without
    one (the position is then ``z``, kept once).
+ - **trace** - when NumPyro's ``MCMC`` runs the kernel, the thinned sampling
+   draws its convergence check reads at the end of the run
+   (:class:`~numpyro_sgbd.monitoring.Trace`); ``None`` otherwise.
 
 With a preconditioner (``z = z_hat + L u``, see :mod:`numpyro_sgbd.preconditioning`)
 ``z`` stays in the model's unconstrained space while ``z_grad`` and ``noise_sd`` are
@@ -696,8 +707,11 @@ class _SGKernel(MCMCKernel):
         self._diagnostics = (0, "")
         self._num_warmup = 0
         #: The kinds of warning the last run gave ("nonfinite", "step", "drift",
-        #: "stall"), in order; reset when a run starts.
+        #: "stall", "convergence"), in order; reset when a run starts.
         self.run_warnings = ()
+        self.convergence = None
+        self._trace_plan = None
+        self._convergence_check = None
         # (iteration or None at `init`, host seconds): see `wall_time`.
         self._clock = []
 
@@ -1253,7 +1267,29 @@ class _SGKernel(MCMCKernel):
         else:
             state = init_one(rng_key, z)
             self._sample_impl = self._sample_one
-        return state
+        return self._start_trace(state, one_z)
+
+    def _start_trace(self, state, one_z):
+        """Give ``state`` the convergence check's record when NumPyro's ``MCMC``
+        is running the kernel (see :mod:`~numpyro_sgbd.monitoring`)."""
+        leaves = jax.tree.leaves(one_z)
+        dim = sum(int(np.size(x)) for x in leaves)
+        plan = monitoring.plan(monitoring.driving_mcmc(self), dim)
+        check = self._convergence_check
+        # Sequential and parallel chains each call `init`: a run starts, and the
+        # check's pool of chains with it, only where no chain is pending.
+        if check is None or check.plan != plan or not check.pending:
+            self.run_warnings = ()
+            check = None if plan is None else monitoring.ConvergenceCheck(plan)
+        self._convergence_check = check
+        if plan is None:
+            self._trace_plan = None
+            return state
+        self._trace_plan = plan
+        dtype = jnp.result_type(*leaves) if leaves else jnp.float32
+        return state._replace(
+            trace=monitoring.empty_trace(plan, dtype, jnp.shape(state.i))
+        )
 
     @property
     def _sample_fn(self):
@@ -1306,6 +1342,12 @@ class _SGKernel(MCMCKernel):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._check_closed_over(state, model_args, model_kwargs)
 
+        # The record stays out of the step (and its non-finite guard, which
+        # selects between whole states): written once per sample, below.
+        trace = getattr(state, "trace", None)
+        if trace is not None:
+            state = state._replace(trace=None)
+
         def one_step(state):
             new_state = self._sample_impl(state, model_args, model_kwargs)
             if self._recentre_every is None:
@@ -1347,16 +1389,65 @@ class _SGKernel(MCMCKernel):
         # with them, 1.9 without; the rest was the calls themselves, see
         # `_CLOCK_EVERY`).
         scale = None if new_state.scale is None else new_state.scale.scale
-        return new_state._replace(
-            i=_warn_on_host(
-                due,
-                self._on_host,
-                new_state.i,
-                first_stop,
-                jax.tree.leaves(new_state.z),
-                new_state.step_size,
-                scale,
+        i = _warn_on_host(
+            due,
+            self._on_host,
+            new_state.i,
+            first_stop,
+            jax.tree.leaves(new_state.z),
+            new_state.step_size,
+            scale,
+        )
+        if trace is None:
+            return new_state._replace(i=i)
+        plan, k = self._trace_plan, self._num_steps
+        before = (state.i - self._num_warmup) // k
+        after = (new_state.i - self._num_warmup) // k
+        trace = monitoring.record(trace, plan, new_state.z, after)
+        ends = monitoring.run_ends(plan, before, after)
+        i = _warn_on_host(ends, self._on_run_end, i, trace.rows)
+        return new_state._replace(i=i, trace=trace)
+
+    def _on_run_end(self, i, rows):
+        """The convergence check, once every chain's run has ended."""
+        found = self._convergence_check.add(rows)
+        if found is None:
+            return
+        #: After an ``MCMC`` run: the convergence check's numbers (see
+        #: :func:`~numpyro_sgbd.monitoring.report`), or ``None``.
+        self.convergence = found
+        if found["converged"]:
+            return
+        self._record_warning("convergence")
+        ess = min(found["min_ess_bulk"], found["min_ess_tail"])
+        parts = []
+        if ess < monitoring.MIN_ESS:
+            parts.append(
+                f"a bulk ESS of {found['min_ess_bulk']:.0f} and a tail ESS of "
+                f"{found['min_ess_tail']:.0f} (smallest, at "
+                f"{self._flat_name(found['worst_ess'])})"
             )
+        if found["max_rhat"] > monitoring.MAX_RHAT:
+            parts.append(
+                f"an R-hat of {found['max_rhat']:.3g} at "
+                f"{self._flat_name(found['worst_rhat'])}"
+            )
+        remedies = advice.convergence_remedies(
+            self._run_facts(),
+            ess=ess,
+            rhat=found["max_rhat"],
+            num_samples=self._trace_plan.num_samples,
+            warned=self.run_warnings,
+        )
+        warnings.warn(
+            f"{type(self).__name__}: the sampling draws have "
+            f"{' and '.join(parts)} (rank-normalised, over {found['num_chains']} "
+            f"chain(s) of {found['num_draws']} evenly spaced draws; the check "
+            f"wants ESS >= {monitoring.MIN_ESS} and R-hat <= {monitoring.MAX_RHAT})"
+            ": means and sds carry Monte Carlo errors too large to trust. "
+            f"{advice.join(remedies)} See kernel.convergence.",
+            monitoring.ConvergenceWarning,
+            stacklevel=2,
         )
 
     def _check_closed_over(self, state, model_args, model_kwargs):
@@ -1550,6 +1641,7 @@ class _SGKernel(MCMCKernel):
         state["_centre_cache"] = None
         state["_preconditioner_cache"] = None
         state["_drift_points"] = []
+        state["_convergence_check"] = None
         state["_init_fns"] = {}
         state["_init_param_fns"] = {}
         state["_postprocess_fns"] = {}

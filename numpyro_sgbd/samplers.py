@@ -398,8 +398,9 @@ NOGINState = namedtuple(
         "rng_key",
         "step_size",
         "scale",
+        "trace",
     ],
-    defaults=(None, None),
+    defaults=(None, None, None),
 )
 NOGINState.__doc__ = """
 State of :class:`NOGIN`. The scalar fields can be collected with
@@ -425,6 +426,7 @@ State of :class:`NOGIN`. The scalar fields can be collected with
  - **rng_key** - random key.
  - **step_size**, **scale** - as for :class:`SGState`; with ``scale`` the mass in
    u is ``mass / s**2``.
+ - **trace** - the convergence check's draws (see :class:`SGState`).
 """
 
 # noise_damping above which the gradient noise, not the step, sets the

@@ -332,6 +332,13 @@ def test_adapted_scales_fix_a_laplace_approximation_that_is_too_narrow(spike_run
     scale = np.asarray(mcmc.last_state.scale.scale)
     assert scale.shape == (2, 1) and np.all((scale > 2) & (scale < 5)), scale
     assert ess > 10 * ess_fixed, (ess, ess_fixed)
+    # The convergence check after sampling sees it too: the unadapted run's
+    # ESS of 50 warns, the adapted one's does not (issue 43: slow mixing
+    # without drift was silent).
+    unadapted = spike_runs[False][0]
+    assert "convergence" in unadapted.run_warnings
+    assert unadapted.convergence["min_ess_bulk"] < 100
+    assert "convergence" not in kernel.run_warnings, kernel.convergence
     assert abs(draws.mean() - mean) < 5 * sd / np.sqrt(ess)
     assert abs(draws.std() / sd - 1) < 0.06 + 5 / np.sqrt(2 * ess)
 

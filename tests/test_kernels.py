@@ -18,7 +18,7 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 import pytest
 
-from numpyro_sgbd import NOGIN, SGBD, SGLD, GradientEstimate
+from numpyro_sgbd import NOGIN, SGBD, SGLD, ConvergenceWarning, GradientEstimate
 
 N_DATA, SUBSAMPLE = 1000, 100
 PRIOR_SD = 10.0
@@ -397,6 +397,9 @@ def test_nogin_warns_when_noise_damping_stalls_exploration():
     mcmc = MCMC(kernel, num_warmup=0, num_samples=120, progress_bar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        # 120 draws: the convergence check rightly finds fewer than 100
+        # effective ones; this test is about the stall warning alone.
+        warnings.filterwarnings("ignore", category=ConvergenceWarning)
         mcmc.run(random.key(0), init_params=jnp.zeros(1))
         jax.effects_barrier()
 

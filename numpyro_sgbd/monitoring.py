@@ -1,0 +1,202 @@
+"""The convergence check after sampling: thinned draws kept in the state, and the
+host check they feed once a run ends.
+
+NumPyro's :class:`~numpyro.infer.MCMC` calls a kernel's ``sample`` once per
+iteration and gives it no word of when the run ends, nor the draws afterwards.
+So the kernel keeps its own record: when ``init`` is called by an ``MCMC`` run
+(found on the call stack through its public ``sampler``, ``num_samples`` and
+``num_chains``), the state gets a :class:`Trace` buffer of at most
+:data:`TRACE_ROWS` evenly spaced sampling draws of at most :data:`TRACE_COORDS`
+unconstrained coordinates, written in place once per sample, and the sample that
+ends the run calls the host once with it. There :class:`ConvergenceCheck` pools
+the chains and computes the rank-normalised bulk and tail ESS and split R-hat of
+Vehtari et al. (2021), the statistics ArviZ reports, with
+:mod:`numpyro_sgbd.convergence`.
+
+The ESS of draws thinned to k rows is about ``min(k, ESS of the chain)``, so with
+1,024 rows a chain with fewer than :data:`MIN_ESS` effective draws shows it.
+Rank-based statistics do not change under monotone maps of a coordinate, so
+checking the unconstrained draws is checking the constrained ones.
+
+**References**
+
+1. Vehtari, A., Gelman, A., Simpson, D., Carpenter, B. & Buerkner, P.-C. (2021).
+   *Rank-normalization, folding, and localization: an improved R-hat for
+   assessing convergence of MCMC.* Bayesian Analysis 16(2), Sections 4.1-4.3.
+"""
+
+import sys
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "ConvergenceWarning",
+    "MIN_ESS",
+    "MAX_RHAT",
+    "TRACE_COORDS",
+    "TRACE_ROWS",
+    "Trace",
+]
+
+#: Sampling draws kept per chain for the check, at most.
+TRACE_ROWS = 1024
+#: Unconstrained coordinates checked, at most (evenly spaced over the flat z).
+TRACE_COORDS = 256
+#: The check warns below this bulk or tail ESS (Vehtari et al. 2021, Section 4.3).
+MIN_ESS = 100
+#: ... or above this rank-normalised split R-hat (ibid.).
+MAX_RHAT = 1.01
+
+
+class ConvergenceWarning(RuntimeWarning):
+    """The convergence check's warning: too few effective draws, or chains that
+    disagree. Its own class, so that a caller running deliberately short chains
+    can filter it alone (``warnings.filterwarnings("ignore",
+    category=ConvergenceWarning)``)."""
+
+
+class Trace(NamedTuple):
+    """The state's record of thinned sampling draws (see the module)."""
+
+    #: ``(rows, coords)`` per chain; row ``j`` is the draw of sample
+    #: ``(j + 1) * every`` of the run.
+    rows: jax.Array
+
+
+class TracePlan(NamedTuple):
+    """Static facts of a run's record, fixed when ``init`` finds the run."""
+
+    #: Samples the run draws after warmup.
+    num_samples: int
+    #: Chains of the run.
+    num_chains: int
+    #: Samples between kept rows.
+    every: int
+    #: Kept rows per chain.
+    rows: int
+    #: Flat indices of the checked coordinates.
+    coords: tuple
+
+
+def driving_mcmc(kernel):
+    """The :class:`~numpyro.infer.MCMC` whose ``run`` (or ``warmup``) is calling
+    ``kernel`` now, from the call stack; ``None`` when none is (a kernel driven
+    by hand, by :func:`~numpyro_sgbd.tune`, ...)."""
+    from numpyro.infer import MCMC
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, MCMC) and owner.sampler is kernel:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def plan(mcmc, dim):
+    """The :class:`TracePlan` for a run of ``mcmc`` over ``dim`` coordinates, or
+    ``None`` (no MCMC, or a run too short for the statistics)."""
+    if mcmc is None or dim == 0 or mcmc.num_samples < 4:
+        return None
+    num_samples = int(mcmc.num_samples)
+    every = -(-num_samples // TRACE_ROWS)
+    coords = np.unique(np.linspace(0, dim - 1, min(dim, TRACE_COORDS)).round())
+    return TracePlan(
+        num_samples,
+        int(mcmc.num_chains),
+        every,
+        num_samples // every,
+        tuple(int(j) for j in coords),
+    )
+
+
+def empty_trace(plan, dtype, batch_shape=()):
+    """A zero :class:`Trace` for ``plan``."""
+    shape = batch_shape + (plan.rows, len(plan.coords))
+    return Trace(jnp.zeros(shape, dtype))
+
+
+def record(trace, plan, z, sample):
+    """``trace`` with the draw ``z`` (a pytree, chains leading where
+    ``trace.rows`` has a chain axis) written at the row of the sampling sample
+    ``sample`` (1 for the first draw after warmup; warmup samples write row 0,
+    which sampling overwrites). One row is written every call, so the last draw
+    of each block of ``plan.every`` samples is what stays."""
+    batch = trace.rows.shape[:-2]
+    leaves = jax.tree.leaves(z)
+    flat = jnp.concatenate([jnp.reshape(x, batch + (-1,)) for x in leaves], axis=-1)
+    row = flat[..., jnp.asarray(plan.coords)].astype(trace.rows.dtype)
+    slot = jnp.clip((jnp.max(sample) - 1) // plan.every, 0, plan.rows - 1)
+    rows = jax.lax.dynamic_update_index_in_dim(
+        trace.rows, row[..., None, :], slot, axis=len(batch)
+    )
+    return Trace(rows)
+
+
+def run_ends(plan, before, after):
+    """Whether the samples ``(before, after]`` (sampling samples, traced) hold
+    the run's last one."""
+    return jnp.any((before < plan.num_samples) & (after >= plan.num_samples))
+
+
+class ConvergenceCheck:
+    """Pools the chains' kept rows as each chain's run ends (sequential and
+    parallel chains call once each, vectorized chains once together) and, when
+    all are in, returns the statistics."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self._rows = []
+
+    @property
+    def pending(self):
+        """Whether some chains of the run have ended and others not yet."""
+        return bool(self._rows)
+
+    def add(self, rows):
+        """Add ``rows`` (``(..., rows, coords)``); return the report once every
+        chain is in, else ``None``."""
+        rows = np.asarray(rows, np.float64)
+        self._rows.append(rows.reshape((-1,) + rows.shape[-2:]))
+        if sum(r.shape[0] for r in self._rows) < self.plan.num_chains:
+            return None
+        draws, self._rows = np.concatenate(self._rows), []
+        return report(draws, self.plan.coords)
+
+
+def report(draws, coords):
+    """The check's numbers for ``draws`` ``(chains, rows, coords)``: a dict with
+    the per-coordinate ``ess_bulk``, ``ess_tail`` and ``rhat`` (NaN for one
+    chain's R-hat is not used: split halves serve), their worst values and flat
+    coordinates, and what was checked."""
+    from numpyro_sgbd import convergence
+
+    stats = convergence.summary(draws)
+    ess = np.fmin(stats.ess_bulk, stats.ess_tail)
+    out = {
+        "ess_bulk": stats.ess_bulk,
+        "ess_tail": stats.ess_tail,
+        "rhat": stats.rhat,
+        "num_chains": draws.shape[0],
+        "num_draws": draws.shape[1],
+        "coords": np.asarray(coords),
+    }
+    finite = np.isfinite(ess)
+    worst = int(np.argmin(np.where(finite, ess, np.inf))) if finite.any() else None
+    out["min_ess_bulk"] = float(np.nanmin(stats.ess_bulk)) if finite.any() else np.nan
+    out["min_ess_tail"] = float(np.nanmin(stats.ess_tail)) if finite.any() else np.nan
+    out["worst_ess"] = None if worst is None else int(coords[worst])
+    rhat_ok = np.isfinite(stats.rhat)
+    out["max_rhat"] = float(np.nanmax(stats.rhat)) if rhat_ok.any() else np.nan
+    out["worst_rhat"] = (
+        int(coords[int(np.nanargmax(stats.rhat))]) if rhat_ok.any() else None
+    )
+    out["converged"] = bool(
+        not (out["min_ess_bulk"] < MIN_ESS)
+        and not (out["min_ess_tail"] < MIN_ESS)
+        and not (out["max_rhat"] > MAX_RHAT)
+    )
+    return out

@@ -1,0 +1,134 @@
+"""The convergence check after sampling (numpyro_sgbd.monitoring): thinned draws
+kept in the state, bulk and tail ESS and rank-normalised split R-hat on the host
+once the run ends (issue 43)."""
+
+import warnings
+
+import jax
+from jax import random
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.infer import MCMC
+import pytest
+
+from numpyro_sgbd import SGLD, monitoring
+from numpyro_sgbd.convergence import ess_bulk
+
+pytestmark = pytest.mark.heavy
+
+Y = jnp.asarray(1.0 + np.random.default_rng(0).normal(size=1000), jnp.float32)
+MEAN = float(np.mean(np.asarray(Y, np.float64)))
+
+
+def normal_mean(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=10) as idx:
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+
+def two_modes(y):
+    """mu and -mu explain the data alike: modes at +-1, 0.03 sd wide."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=10) as idx:
+        numpyro.sample("y", dist.Normal(jnp.abs(mu), 1.0), obs=y[idx])
+
+
+def _run(model, step_size, start, *, num_samples=4000, seed=0, chains=2):
+    kernel = SGLD(model, step_size=step_size)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=100,
+        num_samples=num_samples,
+        num_chains=chains,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run(random.key(seed), Y, init_params={"mu": jnp.asarray(start)})
+    return kernel, mcmc, [str(w.message) for w in caught]
+
+
+def test_a_slowly_mixing_chain_that_does_not_drift_warns():
+    """Started at the posterior mean with a step a hundredth of the posterior sd:
+    the chain wanders without a trend (ESS of a few), so the drift check is quiet
+    and the convergence check speaks, naming the coordinate and its ESS; its ESS
+    agrees with the ESS of all the draws returned (the kept rows are a thinning
+    of them)."""
+    kernel, mcmc, caught = _run(normal_mean, 3e-4, [MEAN, MEAN])
+    assert kernel.run_warnings == ("convergence",), caught
+    (text,) = [m for m in caught if "ESS" in m]
+    assert "at mu" in text and "raise num_samples from 4,000" in text
+    found = kernel.convergence
+    assert found["min_ess_bulk"] < monitoring.MIN_ESS
+    assert found["num_chains"] == 2 and found["num_draws"] == 1000
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"], np.float64)
+    full = float(ess_bulk(draws))
+    assert full < monitoring.MIN_ESS
+    assert abs(found["min_ess_bulk"] - full) < 0.5 * full + 5
+
+
+def test_chains_stuck_in_different_modes_warn_with_rhat():
+    """Two chains, one in each of two modes 60 sds apart, each stationary there:
+    R-hat is large and the warning says the chains disagree."""
+    kernel, _, caught = _run(two_modes, 0.01, [MEAN, -MEAN])
+    assert "convergence" in kernel.run_warnings, caught
+    assert "drift" not in kernel.run_warnings
+    assert kernel.convergence["max_rhat"] > 1.5
+    (text,) = [m for m in caught if "an R-hat of" in m]
+    assert "at mu" in text and "the chains disagree" in text
+
+
+@pytest.mark.slow
+def test_converged_runs_do_not_warn():
+    """False alarms: 50 seeds of a converged two-chain run (a step near the
+    posterior sd: ESS in the thousands) give at most one warning (the issue's
+    bound is 2 %). One MCMC object: its compiled loop is reused, and `init`
+    starts each run's check. (A step of a third of this, ESS about 200, warned
+    in 6 of 8 seeds, rightly: R-hat <= 1.01 needs a few hundred effective draws
+    per chain.)"""
+    kernel = SGLD(normal_mean, step_size=0.03)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=100,
+        num_samples=2000,
+        num_chains=2,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    alarms, ess = 0, []
+    for seed in range(50):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mcmc.run(random.key(seed), Y, init_params={"mu": jnp.full(2, MEAN)})
+            jax.block_until_ready(mcmc.get_samples())
+        alarms += "convergence" in kernel.run_warnings
+        assert not [w for w in caught if "ESS" in str(w.message)] or alarms
+        ess.append(kernel.convergence["min_ess_bulk"])
+    assert alarms <= 1, alarms
+    assert np.median(ess) > 10 * monitoring.MIN_ESS
+
+
+def test_a_kernel_run_by_hand_keeps_no_record():
+    """Outside NumPyro's MCMC the kernel cannot know where a run ends: no record
+    in the state, no check."""
+    kernel = SGLD(normal_mean, step_size=0.01)
+    state = kernel.init(random.key(0), 10, None, (Y,), {})
+    assert state.trace is None and kernel.convergence is None
+    state = kernel.sample(state, (Y,), {})
+    assert state.trace is None
+
+
+def test_rows_are_evenly_spaced_draws_of_the_run():
+    """``record`` keeps the last draw of each block of ``every`` samples: with
+    draws equal to their sample number, the rows are every, 2 every, ..."""
+    plan = monitoring.TracePlan(10, 1, 2, 5, (0, 2))
+    trace = monitoring.empty_trace(plan, jnp.float32)
+    for sample in range(-3, 11):  # warmup samples first, written to row 0
+        z = {"a": jnp.full(3, float(sample))}
+        trace = monitoring.record(trace, plan, z, jnp.asarray(sample))
+    np.testing.assert_array_equal(trace.rows[:, 0], [2, 4, 6, 8, 10])
+    assert monitoring.run_ends(plan, jnp.asarray(9), jnp.asarray(10))
+    assert not monitoring.run_ends(plan, jnp.asarray(10), jnp.asarray(11))
