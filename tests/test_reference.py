@@ -22,6 +22,7 @@ from numpyro_sgbd import (
     full_batch,
     full_batch_scores,
     posterior_mode,
+    reference,
     reference_posterior,
 )
 from numpyro_sgbd.reference import _cache_key
@@ -213,6 +214,18 @@ def test_the_default_whitens_an_ill_conditioned_posterior_and_is_trustworthy():
         draws.mean((0, 1)) - exact,
         mcse,
     )
+
+
+def test_above_the_dense_limit_the_laplace_map_is_low_rank(monkeypatch):
+    # The same posterior with the dense limit lowered below its d = 4: the Lanczos
+    # space holds all of it, so the low-rank map whitens it as well.
+    monkeypatch.setattr(reference, "LAPLACE_DENSE_MAX_DIM", 2)
+    X, y = raw_scale_data()
+    idata = reference_posterior(raw_scale_model, X, y, num_warmup=300, num_samples=500)
+    attrs = idata.posterior.attrs
+    assert attrs["laplace"] == "lowrank", attrs["laplace_reason"]
+    assert attrs["trustworthy"] == 1, attrs
+    assert float(idata.sample_stats["n_steps"].mean()) < 8
 
 
 def well_conditioned_model(y):
