@@ -11,7 +11,7 @@ import pandas as pd
 from numpyro_sgbd import _arviz
 from numpyro_sgbd.diagnostics import ksd, unconstrained_draws_and_scores
 from numpyro_sgbd.kernel import wall_time
-from numpyro_sgbd.reference import full_batch
+from numpyro_sgbd.reference import ESS_PER_CHAIN_MIN, RHAT_MAX, full_batch
 
 __all__ = ["Comparison", "compare", "plot_marginals"]
 
@@ -35,6 +35,7 @@ _SUMMARY = [
     "ess_per_s",
     "ksd",
     "sampling_time",
+    "warnings",
 ]
 
 
@@ -58,11 +59,22 @@ class Comparison:
         ``num_divergent``, and ``mean_<name>`` for any other scalar statistic,
         such as :class:`~numpyro_sgbd.SGHMC`'s ``kinetic_energy``,
         :class:`~numpyro_sgbd.SGNHT`'s ``thermostat`` or :class:`~numpyro_sgbd.NOGIN`'s
-        ``noise_damping``). The reference's own row has NaN biases and ``xi``.
+        ``noise_damping``). ``warnings`` lists the kinds of warning an SG kernel
+        issued during the run (its ``run_warnings``: ``"drift"``, ``"step"``,
+        ``"nonfinite"``, ``"convergence"``, ...), ``"none"`` when it issued
+        none, NaN where that is unknown (NUTS, ArviZ data, plain draws). The
+        reference's own row has NaN biases and ``xi``.
+    :ivar bool reference_trustworthy: ``False`` when the reference failed its
+        convergence check: the scores are then against a reference that may be
+        wrong, and the printed table says so first.
+    :ivar str reference_check: the reference's figures (R-hat, bulk ESS) and
+        where they come from.
     """
 
     per_parameter: "object"
     summary: "object"
+    reference_trustworthy: bool = True
+    reference_check: str = ""
 
     def __str__(self):
         def fmt(v):
@@ -74,7 +86,16 @@ class Comparison:
 
         stats = [c for c in self.summary if c not in _SUMMARY]
         accuracy = self.summary[_SUMMARY].dropna(axis=1, how="all")
-        parts = ["Summary over parameters:", accuracy.to_string(float_format=fmt)]
+        if "warnings" in accuracy:  # unknown shows as the other NaNs do
+            accuracy = accuracy.assign(warnings=accuracy["warnings"].fillna("-"))
+        parts = []
+        if not self.reference_trustworthy:
+            parts += [
+                "WARNING: these scores are against an untrustworthy reference "
+                f"({self.reference_check}).",
+                "",
+            ]
+        parts += ["Summary over parameters:", accuracy.to_string(float_format=fmt)]
         if stats:
             parts += [
                 "",
@@ -210,6 +231,53 @@ def _ess(names, flat):
     return out
 
 
+def _run_warnings(run):
+    """The kinds of warning the run's SG kernel issued (its ``run_warnings``):
+    ``"none"`` for none, NaN where unknown (NUTS, ArviZ data, plain draws)."""
+    kinds = getattr(getattr(run, "sampler", None), "run_warnings", None)
+    if not isinstance(run, MCMC) or kinds is None:
+        return np.nan
+    kinds = list(dict.fromkeys(kinds))  # each kind once, in the order issued
+    return ", ".join(map(str, kinds)) if kinds else "none"
+
+
+def _reference_check(reference, flat):
+    """``(trustworthy, figures)``: reference_posterior's verdict where it left one
+    (``posterior.attrs["trustworthy"]``), else the largest rank-normalised R-hat
+    and smallest bulk ESS of ``flat`` (chain, draw, K) against its thresholds. One
+    chain is split in two halves for R-hat (ArviZ's split R-hat needs two)."""
+    posterior = (
+        _arviz.group(reference, "posterior")
+        if _arviz.is_inference_data(reference)
+        else None
+    )
+    attrs = {} if posterior is None else posterior.attrs
+    if "trustworthy" in attrs:
+        figures = ", ".join(
+            f"{k} {float(attrs[k]):.3g}"
+            for k in ("max_rhat", "min_ess_bulk", "num_divergent")
+            if k in attrs
+        )
+        return bool(int(attrs["trustworthy"])), (
+            f"reference_posterior's own check: {figures}"
+        )
+    chains, draws = flat.shape[:2]
+    halves = (
+        flat if chains > 1 else flat[:, : draws // 2 * 2].reshape(2, -1, flat.shape[2])
+    )
+    with warnings.catch_warnings():  # a constant component gives NaN, said below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        max_rhat = float(np.nanmax(_arviz.rhat(halves))) if draws >= 8 else np.nan
+        min_ess = float(np.nanmin(_arviz.ess(flat, method="bulk")))
+    ess_min = ESS_PER_CHAIN_MIN * chains
+    trusted = bool(max_rhat < RHAT_MAX and min_ess >= ess_min)
+    figures = (
+        f"max R-hat {max_rhat:.3g} (needs < {RHAT_MAX}), min bulk ESS {min_ess:.0f} "
+        f"(needs >= {ess_min}) over {chains} chain(s) of {draws} draws"
+    )
+    return trusted, figures
+
+
 def compare(
     candidates,
     reference,
@@ -222,6 +290,7 @@ def compare(
     ksd_draws=1000,
     ksd_standardise=True,
     wall_times=None,
+    strict=False,
 ):
     r"""Accuracy of one or several runs against a reference posterior.
 
@@ -260,6 +329,14 @@ def compare(
     times the kernel notes every 256 steps); other runs' come from
     ``wall_times=`` or the ArviZ attribute, else ``ess_per_s`` is NaN.
 
+    Scores are only as good as the reference. A reference from
+    :func:`~numpyro_sgbd.reference_posterior` carries its own verdict
+    (``posterior.attrs["trustworthy"]``); for any other, the largest rank-normalised
+    R-hat must be below 1.01 and the smallest bulk ESS at least 100 per chain (a
+    single chain is split in two for R-hat). An untrustworthy reference gives a
+    ``UserWarning`` with its figures, ``reference_trustworthy=False`` and a first
+    line in the printed table, or a ``ValueError`` with ``strict=True``.
+
     :param candidates: a run, a list of runs, or a dict ``{name: run}``.
     :param reference: the reference run (typically from
         :func:`~numpyro_sgbd.reference_posterior`).
@@ -276,9 +353,12 @@ def compare(
         reference's sds (default); ``False`` for raw coordinates, as the tuning
         paper's Table 1.
     :param dict wall_times: ``{name: seconds}``, overriding the runs' own.
+    :param bool strict: raise instead of warn when the reference is not
+        trustworthy.
     :return: a :class:`Comparison`; ``print`` it for a readable table.
-    :raises ValueError: on mismatched variable names or shapes, or a reference
-        without finite draws. A run with non-finite draws gets a NaN row and a
+    :raises ValueError: on mismatched variable names or shapes, a reference
+        without finite draws, or (with ``strict=True``) an untrustworthy
+        reference. A run with non-finite draws gets a NaN row and a
         warning naming it; a run whose draws map to non-finite unconstrained values
         or full-data scores gets a NaN KSD and a warning; the other rows are kept.
 
@@ -331,6 +411,19 @@ def compare(
         raise ValueError("the reference has non-finite draws; it cannot be compared.")
     ref_all = ref_flat.reshape(-1, ref_flat.shape[-1])
     ref_mean, ref_sd = ref_all.mean(0), ref_all.std(0, ddof=1)
+    trusted, figures = _reference_check(reference, ref_flat)
+    if not trusted:
+        message = (
+            f"compare: the reference is not trustworthy ({figures}), so the scores "
+            "against it may be wrong, for correct runs too. Sample a trustworthy "
+            "one first: reference_posterior's warning says what to try (more "
+            "num_warmup/num_samples; laplace='auto', the default, for an "
+            "ill-conditioned posterior); strict=True makes this an error."
+        )
+        if strict:
+            raise ValueError(message)
+        warnings.warn(message, UserWarning, stacklevel=2)
+    runs_by_name = {reference_name: reference, **runs}
 
     rows, summaries = [], []
     ksd_scale = None  # set from the reference, whose row comes first
@@ -387,6 +480,7 @@ def compare(
             ess_per_s=min_ess / seconds if seconds else np.nan,
             ksd=np.nan,
             sampling_time=np.nan if seconds is None else float(seconds),
+            warnings=_run_warnings(runs_by_name[name]),
         )
         if finite and source is not None and ksd_draws:
             try:
@@ -426,7 +520,7 @@ def compare(
     columns = (
         _SUMMARY + known + [c for c in summary if c not in _SUMMARY and c not in known]
     )
-    return Comparison(per_parameter, summary[columns])
+    return Comparison(per_parameter, summary[columns], trusted, figures)
 
 
 def plot_marginals(candidates, reference, path, *, var_names=None, bins=40):

@@ -10,6 +10,8 @@ here, lives in :mod:`numpyro_sgbd.modes`.)
 from functools import partial
 import hashlib
 import inspect
+import json
+import logging
 from pathlib import Path
 import time
 import warnings
@@ -21,6 +23,7 @@ import numpy as np
 import numpyro
 from numpyro import handlers
 from numpyro.infer import MCMC, NUTS, init_to_median, init_to_sample
+from numpyro.infer.hmc_util import build_adaptation_schedule
 from numpyro.infer.util import (
     constrain_fn,
     potential_energy,
@@ -38,6 +41,7 @@ from numpyro_sgbd.modes import (
     mode_hessian,
     posterior_mode,
 )
+from numpyro_sgbd.preconditioning import Preconditioner, lowrank
 
 __all__ = [
     "PosteriorMode",
@@ -51,6 +55,25 @@ __all__ = [
 # ESS; any divergence or saturated tree depth means NUTS may have missed mass).
 RHAT_MAX = 1.01
 ESS_PER_CHAIN_MIN = 100
+_log = logging.getLogger("numpyro_sgbd")
+#: ``laplace="auto"`` whitens when the Laplace sds (sqrt of diag H^-1) span more
+#: than this ratio: NUTS then starts with an identity mass matrix that fits none of
+#: them, and its first adaptation windows run at the maximal tree depth.
+AUTO_SD_RATIO = 100.0
+#: ... or when the scaled Hessian D^-1/2 H D^-1/2 (the correlations of the Laplace
+#: approximation) has a larger condition number: a diagonal mass matrix cannot
+#: remove correlations, and NUTS's trajectories grow with its square root.
+AUTO_CONDITION = 1e3
+#: ... or when NumPyro's mass adaptation would inflate the smallest Laplace
+#: variance by more than this fraction: it adds about 5e-3 / (n + 5) to each
+#: adapted variance for a window of n draws.
+AUTO_SHRINKAGE = 0.1
+#: Up to this many parameters the Laplace map is dense (the d x d Hessian from d
+#: Hessian-vector products, a few passes over the data, and an eigendecomposition);
+#: above, low-rank plus diagonal (O(d k) memory). Higher than the kernels' limit
+#: (:data:`~numpyro_sgbd.preconditioning.DENSE_MAX_DIM`), which is set by the cost
+#: of per-datum gradients: NUTS applies the map once per full-data gradient.
+LAPLACE_DENSE_MAX_DIM = 1000
 # Memory budget of one chunk of full_batch_scores, in data rows x draws.
 _CHUNK_ELEMENTS = 4_000_000
 # The posterior attributes _report reads back from a cached reference.
@@ -232,19 +255,157 @@ def _flat_potential(model, model_args, model_kwargs, unravel):
     return potential, arrays
 
 
-def _laplace_map(hess):
-    """W with W W^T = H^{-1}, from the eigendecomposition of H in float64."""
+class _NotUsable(ValueError):
+    """The Laplace map cannot be built: ``laplace=True`` raises, ``"auto"`` falls
+    back to plain NUTS."""
+
+
+def _dense_map(loc, hess):
+    """``(map, sds, condition)``: the dense Laplace map z = loc + W u, W W' = H^-1.
+
+    W comes from the eigendecomposition of the scaled Hessian S = D^-1/2 H D^-1/2
+    (D = diag H) in float64, W = D^-1/2 V Lambda^-1/2: the scaling takes the
+    covariates' units out, so a float32 Hessian whose entries are accurate to their
+    own size gives S to float32 precision, whatever H's own condition number. An S
+    whose smallest eigenvalue is within d eps of its largest is not resolved: the
+    rounding of H could have made it, or made it negative.
+    """
+    dtype = np.dtype(loc.dtype)
+    d = loc.shape[0]
+    hess = np.asarray(hess, np.float64)
     hess = 0.5 * (hess + hess.T)
-    eigval, eigvec = np.linalg.eigh(hess)
-    if not np.all(np.isfinite(eigval)) or eigval.min() <= 0:
-        raise ValueError(
-            "laplace=True: the Hessian of the potential at the mode found is not "
-            f"positive definite (smallest eigenvalue {eigval.min():.3g}); the "
-            "posterior may be improper or the mode search failed. Use "
-            "laplace=False, or enable float64 for ill-conditioned models "
-            "(jax.config.update('jax_enable_x64', True))."
+    diag = np.diag(hess)
+    if not (np.all(np.isfinite(hess)) and np.all(diag > 0)):
+        j = int(np.argmin(np.where(np.isfinite(diag), diag, -np.inf)))
+        raise _NotUsable(
+            "the Hessian at the mode is not positive definite (diagonal entry "
+            f"{j} is {diag[j]:.3g})"
         )
-    return eigvec / np.sqrt(eigval)
+    s = diag**-0.5
+    eigval, eigvec = np.linalg.eigh(s[:, None] * hess * s)
+    if not eigval[0] > d * np.finfo(dtype).eps * eigval[-1]:
+        raise _NotUsable(
+            "the Hessian at the mode is not positive definite to "
+            f"{dtype.name} precision (smallest eigenvalue of the scaled Hessian "
+            f"{eigval[0]:.3g}, largest {eigval[-1]:.3g})"
+        )
+    w = s[:, None] * eigvec / np.sqrt(eigval)
+    ones = np.ones(d, dtype)
+    # Cast on the host: a device-side cast compiles a program of its own.
+    whitening = Preconditioner(
+        "dense", jnp.asarray(loc), jnp.asarray(ones), jnp.asarray(w.astype(dtype))
+    )
+    return whitening, np.sqrt(np.sum(w**2, axis=1)), eigval[-1] / eigval[0]
+
+
+def _lowrank_map(objective, loc, info):
+    """``(map, sds, condition)``: :func:`~numpyro_sgbd.preconditioning.lowrank`'s
+    map; the sds are the conditional ones, 1 / sqrt(H_jj), and the condition number
+    is that of the scaled Hessian on the Lanczos space (unit curvature outside it,
+    as the map assumes)."""
+    diag = np.asarray(info["hessian_diag"], np.float64)
+    try:
+        whitening = lowrank(loc, diag, lambda vectors: objective.hvp(loc, vectors))
+    except ValueError:
+        raise _NotUsable(
+            "the Hessian at the mode is not positive definite (a diagonal entry or "
+            "a Lanczos Ritz value of the scaled Hessian is not positive)"
+        ) from None
+    theta = (np.asarray(whitening.values, np.float64) + 1.0) ** -2
+    condition = max(theta.max(), 1.0) / min(theta.min(), 1.0)
+    return whitening, diag**-0.5, condition
+
+
+# The start of laplace_reason where "auto" kept plain NUTS on a posterior it found
+# well conditioned (the advice differs from a fallback after a failure).
+_WELL_CONDITIONED = "plain NUTS: the posterior is well conditioned at the mode"
+
+
+def _laplace_choice(model, model_args, model_kwargs, rng_key, laplace, num_warmup):
+    """``(map, form, reason, unravel)``: the Laplace map z = loc + L u to run NUTS
+    in (a :class:`~numpyro_sgbd.preconditioning.Preconditioner`, or ``None`` for
+    plain NUTS), its form (``"dense"``, ``"lowrank"`` or ``"none"``), why, with the
+    measured numbers, and the flat vector's unflattening. ``laplace=True`` raises
+    where ``"auto"`` falls back."""
+    what = f"reference_posterior(laplace={laplace!r})"
+    objective = full_data_objective(model, model_args, model_kwargs, rng_key=rng_key)
+    try:
+        mode, info = find_mode(objective, what=what)
+        check_mode(
+            info,
+            objective.unravel,
+            what,
+            "Use laplace=False, or check the model's priors.",
+            stacklevel=5,
+        )
+        d = mode.shape[0]
+        if d <= LAPLACE_DENSE_MAX_DIM:
+            form, label = "dense", "Laplace sds"
+            whitening, sds, condition = _dense_map(
+                mode, mode_hessian(objective, mode, info)
+            )
+        else:
+            form, label = "lowrank", "conditional Laplace sds"
+            whitening, sds, condition = _lowrank_map(objective, mode, info)
+    except ValueError as err:
+        if laplace is True:
+            if isinstance(err, _NotUsable):
+                raise ValueError(
+                    f"laplace=True: {err}; the posterior may be improper, or the "
+                    "mode search failed. Use laplace=False, or enable float64 for "
+                    "ill-conditioned models "
+                    "(jax.config.update('jax_enable_x64', True))."
+                ) from None
+            raise
+        return None, "none", f"plain NUTS: {err}", objective.unravel
+    # The last slow window of NumPyro's mass adaptation: its shrinkage is what the
+    # sampling phase keeps.
+    windows = build_adaptation_schedule(num_warmup)[1:-1]
+    n = windows[-1].end - windows[-1].start + 1 if windows else 0
+    inflation = 5e-3 / (n + 5) / sds.min() ** 2
+    ratio = sds.max() / sds.min()
+    figures = (
+        f"d = {d}, {label} {sds.min():.2g} to {sds.max():.2g} (ratio {ratio:.2g}), "
+        f"condition number of the scaled Hessian {condition:.2g}, the mass "
+        f"adaptation's shrinkage {inflation:.2g} times the smallest variance"
+    )
+    if laplace is True:
+        return whitening, form, f"laplace=True: {form} ({figures})", objective.unravel
+    if (
+        ratio > AUTO_SD_RATIO
+        or condition > AUTO_CONDITION
+        or inflation > AUTO_SHRINKAGE
+    ):
+        reason = (
+            f"NUTS whitened by the {form} Laplace map: the posterior is "
+            f"ill-conditioned ({figures}; whitened above {AUTO_SD_RATIO:g}, "
+            f"{AUTO_CONDITION:g}, {AUTO_SHRINKAGE:g})"
+        )
+        return whitening, form, reason, objective.unravel
+    return None, "none", f"{_WELL_CONDITIONED} ({figures})", objective.unravel
+
+
+def _whitened_nuts(widened, model_args, model_kwargs, whitening, unravel):
+    """``(potential_fn, to_posterior)`` of NUTS in u, z = L(u): the potential of u
+    (a linear map: no Jacobian) and the map of u draws (chain, draw, d) to
+    constrained values by site (deterministic sites included)."""
+    flat_potential, arrays = _flat_potential(widened, model_args, model_kwargs, unravel)
+
+    def potential_fn(u):
+        return flat_potential(whitening.to_z(u), arrays)
+
+    def constrain(u):
+        z = unravel(whitening.to_z(u))
+        return constrain_fn(
+            widened, model_args, model_kwargs, z, return_deterministic=True
+        )
+
+    def to_posterior(u):
+        flat = u.reshape(-1, u.shape[-1])
+        values = jax.jit(lambda us: jax.lax.map(constrain, us, batch_size=64))(flat)
+        return jax.tree.map(lambda v: v.reshape(u.shape[:2] + v.shape[1:]), values)
+
+    return potential_fn, to_posterior
 
 
 def _check_count(value, name, minimum):
@@ -261,7 +422,7 @@ def reference_posterior(
     rng_key=None,
     chain_method="sequential",
     dense_mass=False,
-    laplace=False,
+    laplace="auto",
     target_accept_prob=0.8,
     max_tree_depth=10,
     cache_dir=None,
@@ -280,30 +441,49 @@ def reference_posterior(
     try, or raises with ``strict=True``. The figures are stored in
     ``idata.posterior.attrs`` (``max_rhat``, ``min_ess_bulk``, ``min_ess_tail``,
     ``num_divergent``, ``frac_max_tree_depth``, ``trustworthy``) together with
-    ``sampling_time`` (seconds, as PyMC and ArviZ name it).
+    ``sampling_time`` (seconds, as PyMC and ArviZ name it), ``laplace`` and
+    ``laplace_reason`` (below) and ``settings``, the arguments that made it (JSON).
 
-    **Ill-conditioned posteriors.** NumPyro's mass-matrix adaptation shrinks the
-    adapted (co)variance towards the identity with weight about :math:`5\cdot
-    10^{-3}/(n+5)` for a window of n draws, which swamps posterior variances far below
-    1e-3 (large-N regressions with collinear covariates): NUTS then needs its
-    maximal tree depth and does not converge. With ``laplace=True`` the posterior
-    mode :math:`\hat z` and the Hessian :math:`H` of the potential there are found
-    first (damped Newton in unconstrained space), and NUTS runs in whitened
-    coordinates :math:`u` with :math:`z = \hat z + W u`, :math:`W W^\top = H^{-1}`
-    (the Laplace covariance, taken from the eigendecomposition of :math:`H` in float
-    64). In :math:`u` the posterior has roughly unit variances, so the shrinkage is
-    harmless, and ``dense_mass=True`` still adapts the remaining correlation. The
-    chains start at independent draws from the Laplace approximation. This is the
-    same as starting NUTS with the Laplace covariance as its inverse mass matrix,
-    without the shrinkage term. For condition numbers beyond about 1e6, enable
-    float64 (``jax.config.update("jax_enable_x64", True)``) before building the data:
-    a float32 Hessian cannot resolve the smallest variances.
+    **Ill-conditioned posteriors.** NumPyro's mass-matrix adaptation starts from the
+    identity and shrinks the adapted (co)variance towards it with weight about
+    :math:`5\cdot 10^{-3}/(n+5)` for a window of n draws, which swamps posterior
+    variances far below 1e-3; a diagonal mass matrix cannot remove correlations.
+    On such posteriors (large-N regressions on raw or collinear covariates) NUTS
+    needs its maximal tree depth and does not converge. So by default
+    (``laplace="auto"``) the posterior mode :math:`\hat z` and the Hessian :math:`H`
+    of the potential there are found first (damped Newton in unconstrained space),
+    and NUTS runs in whitened coordinates :math:`u` with :math:`z = \hat z + W u`,
+    :math:`W W^\top \approx H^{-1}` (the Laplace covariance) when the posterior is
+    ill-conditioned there: when the Laplace sds :math:`\sqrt{(H^{-1})_{jj}}` span a
+    ratio above :data:`AUTO_SD_RATIO`, the scaled Hessian :math:`D^{-1/2} H
+    D^{-1/2}` (:math:`D` its diagonal) has a condition number above
+    :data:`AUTO_CONDITION`, or the shrinkage of the last adaptation window would
+    add more than :data:`AUTO_SHRINKAGE` of the smallest Laplace variance. A
+    well-conditioned posterior keeps plain NUTS (the same draws as
+    ``laplace=False``), and so does one whose mode search fails or whose Hessian
+    is not positive definite to the float precision (the ``numpyro_sgbd`` logger
+    says so at WARNING). Up to :data:`LAPLACE_DENSE_MAX_DIM` parameters :math:`W`
+    is dense, from the eigendecomposition of the scaled Hessian in float64; above,
+    it is :func:`~numpyro_sgbd.preconditioning.lowrank`'s diagonal plus low-rank
+    map, and the sds judged are the conditional ones, :math:`H_{jj}^{-1/2}`.
+    ``laplace=True`` whitens whatever the figures and raises where ``"auto"``
+    falls back; ``laplace=False`` is plain NUTS. In :math:`u` the posterior has
+    roughly unit variances, so the shrinkage is harmless, and ``dense_mass=True``
+    still adapts the remaining correlation. The chains start at independent draws
+    from the Laplace approximation. What was chosen and why (the measured figures)
+    is in ``idata.posterior.attrs["laplace"]`` (``"dense"``, ``"lowrank"`` or
+    ``"none"``) and ``["laplace_reason"]``, and logged at INFO by the
+    ``numpyro_sgbd`` logger. For condition numbers of the scaled Hessian beyond
+    about 1e6, enable float64 (``jax.config.update("jax_enable_x64", True)``)
+    before building the data: a float32 Hessian cannot resolve the smallest
+    variances.
 
     **Cache.** With ``cache_dir`` the result is written there as netCDF, in ArviZ's
     layout (one HDF5 group per ArviZ group, through h5netcdf), under a key that
     hashes the model's source code, its default arguments and closure values (and
     those of the functions it closes over), the data (every array's bytes), all the
-    settings above and the NumPyro and JAX versions. A later call with the same key
+    settings above (``laplace="auto"`` as given, not what it chose) and the NumPyro
+    and JAX versions. A later call with the same key
     loads the file instead of sampling; the ArviZ version is not part of the key,
     and a file written under ArviZ 0.x loads under 1.x and the other way round. A
     file that cannot be read is sampled again and overwritten, with a warning.
@@ -318,9 +498,10 @@ def reference_posterior(
     :param rng_key: a JAX random key (default ``jax.random.key(0)``).
     :param str chain_method: as :class:`~numpyro.infer.mcmc.MCMC`.
     :param bool dense_mass: adapt a dense mass matrix (in whitened coordinates when
-        ``laplace=True``).
-    :param bool laplace: start at the mode and precondition by the Laplace
-        covariance (see above).
+        the Laplace map is used).
+    :param laplace: ``"auto"`` (default): precondition by the Laplace covariance
+        at the mode when the posterior is ill-conditioned there; ``True``: always;
+        ``False``: plain NUTS (see above).
     :param float target_accept_prob: as :class:`~numpyro.infer.hmc.NUTS`.
     :param int max_tree_depth: as :class:`~numpyro.infer.hmc.NUTS`.
     :param cache_dir: a folder for cached references, or ``None`` for no cache.
@@ -364,6 +545,12 @@ def reference_posterior(
         raise ValueError(
             f"target_accept_prob must lie in (0, 1), got {target_accept_prob!r}."
         )
+    if isinstance(laplace, str) and laplace == "auto":
+        pass
+    elif isinstance(laplace, (bool, np.bool_)):
+        laplace = bool(laplace)
+    else:
+        raise ValueError(f"laplace must be 'auto', True or False, got {laplace!r}.")
     if chain_method not in ("sequential", "parallel", "vectorized"):
         raise ValueError(
             "chain_method must be 'sequential', 'parallel' or 'vectorized', got "
@@ -405,73 +592,45 @@ def reference_posterior(
         target_accept_prob=target_accept_prob,
         max_tree_depth=max_tree_depth,
     )
+    mcmc_kwargs = dict(
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        chain_method=chain_method,
+        progress_bar=progress_bar,
+    )
     start = time.perf_counter()
-    if not laplace:
+    whitening, form, reason = None, "none", "laplace=False: plain NUTS"
+    if laplace is not False:
+        whitening, form, reason, unravel = _laplace_choice(
+            model, model_args, model_kwargs, key_init, laplace, num_warmup
+        )
+    fallback = laplace == "auto" and form == "none"
+    fallback = fallback and not reason.startswith(_WELL_CONDITIONED)
+    log = _log.warning if fallback else _log.info
+    log("reference_posterior(laplace=%r): %s", laplace, reason)
+    if whitening is None:
         mcmc = MCMC(
-            NUTS(widened, init_strategy=init_to_median, **nuts_kwargs),
-            num_warmup=num_warmup,
-            num_samples=num_samples,
-            num_chains=num_chains,
-            chain_method=chain_method,
-            progress_bar=progress_bar,
+            NUTS(widened, init_strategy=init_to_median, **nuts_kwargs), **mcmc_kwargs
         )
         mcmc.run(key_run, *model_args, extra_fields=fields, **model_kwargs)
         samples = mcmc.get_samples(group_by_chain=True)
         posterior = {name: samples[name] for name in kept}
     else:
-        objective = full_data_objective(
-            model, model_args, model_kwargs, rng_key=key_init
+        potential_fn, to_posterior = _whitened_nuts(
+            widened, model_args, model_kwargs, whitening, unravel
         )
-        mode, info = find_mode(objective, what="reference_posterior(laplace=True)")
-        check_mode(
-            info,
-            objective.unravel,
-            "reference_posterior(laplace=True)",
-            "Use laplace=False, or check the model's priors.",
-            stacklevel=4,
-        )
-        w = _laplace_map(mode_hessian(objective, mode, info))
-        unravel = objective.unravel
-        flat_potential, arrays = _flat_potential(
-            widened, model_args, model_kwargs, unravel
-        )
-        loc, w_jax = mode, jnp.asarray(w, mode.dtype)
-
-        def whitened_potential(u):
-            return flat_potential(loc + w_jax @ u, arrays)
-
-        u0 = random.normal(key_init, (num_chains, mode.shape[0]), mode.dtype)
-        mcmc = MCMC(
-            NUTS(potential_fn=whitened_potential, **nuts_kwargs),
-            num_warmup=num_warmup,
-            num_samples=num_samples,
-            num_chains=num_chains,
-            chain_method=chain_method,
-            progress_bar=progress_bar,
-        )
+        # Independent starts from the Laplace approximation, u ~ N(0, I).
+        shape = (num_chains, whitening.loc.shape[0])
+        u0 = random.normal(key_init, shape, whitening.loc.dtype)
+        mcmc = MCMC(NUTS(potential_fn=potential_fn, **nuts_kwargs), **mcmc_kwargs)
         mcmc.run(
             key_run,
             init_params=u0 if num_chains > 1 else u0[0],
             extra_fields=fields,
         )
-        u = mcmc.get_samples(group_by_chain=True)
-        z = loc + jnp.einsum("cdk,jk->cdj", u, w_jax)
-
-        def constrain(z_flat):
-            return constrain_fn(
-                widened,
-                model_args,
-                model_kwargs,
-                unravel(z_flat),
-                return_deterministic=True,
-            )
-
-        flat = z.reshape(-1, z.shape[-1])
-        values = jax.jit(lambda zs: jax.lax.map(constrain, zs, batch_size=64))(flat)
-        posterior = {
-            name: values[name].reshape(z.shape[:2] + values[name].shape[1:])
-            for name in kept
-        }
+        values = to_posterior(mcmc.get_samples(group_by_chain=True))
+        posterior = {name: values[name] for name in kept}
     stats = mcmc.get_extra_fields(group_by_chain=True)
     for value in jax.tree.leaves(posterior):
         value.block_until_ready()
@@ -497,8 +656,12 @@ def reference_posterior(
     attrs.update(
         sampling_time=seconds,
         num_warmup=num_warmup,
-        laplace=int(laplace),
+        laplace=form,
+        laplace_reason=reason,
         dense_mass=int(dense_mass),
+        # What made it, for a reference loaded from the cache (netCDF attributes
+        # hold strings, not dicts).
+        settings=json.dumps(settings, sort_keys=True),
     )
     _report(attrs, strict)
     idata = _arviz.from_dict(
@@ -605,9 +768,49 @@ def _report(attrs, strict, loaded_from=None):
     message = (
         f"The NUTS reference posterior{where} is not trustworthy: "
         + "; ".join(problems)
-        + ". Try more num_warmup/num_samples, laplace=True and dense_mass=True for "
-        "an ill-conditioned posterior, or a higher target_accept_prob for divergences."
+        + ". "
+        + _advice(attrs)
     )
     if strict:
         raise RuntimeError(message)
     warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _advice(attrs):
+    """What to try, given what the failed reference already used."""
+    form = attrs.get("laplace", 0)
+    if isinstance(form, (int, np.integer)):  # a cache written before "auto"
+        form = "dense" if form else "none"
+    setting = json.loads(attrs.get("settings", "{}")).get("laplace", False)
+    reason = str(attrs.get("laplace_reason", ""))
+    if form != "none":
+        return (
+            f"NUTS already ran in coordinates whitened by the {form} Laplace map, so "
+            "the posterior is far from Gaussian (skewed, heavy-tailed or "
+            "multimodal): try more num_warmup, a higher target_accept_prob, or "
+            "laplace=False."
+        )
+    if setting == "auto" and reason.startswith(_WELL_CONDITIONED):
+        return (
+            "The Laplace approximation at the mode is well conditioned, so scale is "
+            "not the trouble: try more num_warmup/num_samples, a higher "
+            "target_accept_prob for divergences, or a reparametrisation (a funnel); "
+            "laplace=True whitens anyway."
+        )
+    if setting == "auto":
+        return (
+            f"laplace='auto' kept plain NUTS ({reason}): the posterior may be "
+            "multimodal or improper. Check the priors, or try more "
+            "num_warmup/num_samples and a higher target_accept_prob."
+        )
+    tips = (
+        "Try more num_warmup/num_samples, laplace='auto' (the default) or "
+        "laplace=True for an ill-conditioned posterior, or a higher "
+        "target_accept_prob for divergences."
+    )
+    if not attrs.get("dense_mass", 0):
+        tips += (
+            " dense_mass=True adapts correlations in a posterior of few parameters "
+            "(it estimates d(d+1)/2 covariances from the warmup draws)."
+        )
+    return tips

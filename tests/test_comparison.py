@@ -1,6 +1,7 @@
 """compare and plot_marginals: accuracy figures against a reference posterior."""
 
 import time
+import warnings
 
 import arviz as az
 import jax
@@ -230,8 +231,10 @@ def test_arviz_data_from_numpyro_is_a_run_like_the_mcmc(tmp_path):
         assert table.summary.loc[name, "mean_noise_sd"] == pytest.approx(
             by_mcmc.summary.loc["sgld", "mean_noise_sd"]
         )
-    # As the reference too, and in plot_marginals.
-    table = compare({"exact": exact}, idata, ksd_draws=0)
+    # As the reference too (300 SGLD draws per chain are not a trustworthy one),
+    # and in plot_marginals.
+    with pytest.warns(UserWarning, match="reference is not trustworthy"):
+        table = compare({"exact": exact}, idata, ksd_draws=0)
     assert table.summary.loc["reference", "num_draws"] == 600
     path = plot_marginals(idata, idata, tmp_path / "m.png")
     assert path.stat().st_size > 5_000
@@ -293,3 +296,70 @@ def test_sequential_chains_add_their_times_and_a_resumed_run_is_not_guessed():
         assert 0.6 * seconds < summary["sampling_time"] <= seconds
     else:
         assert np.isnan(summary["ess_per_s"])
+
+
+# ----------------------------------------------------------------------------------
+# An untrustworthy reference, and the kernels' warnings
+
+
+def stuck_reference():
+    """Two chains stuck at 0 and at 5, as a dict of draws (one chain, split in two
+    for R-hat): R-hat about 3.5."""
+    rng = np.random.default_rng(12)
+    x = np.concatenate([rng.normal(0.0, 0.1, 1000), rng.normal(5.0, 0.1, 1000)])
+    return {"x": x}
+
+
+def test_an_untrustworthy_reference_warns_marks_the_table_and_strict_raises():
+    good = {"x": np.random.default_rng(13).normal(size=2000)}
+    with pytest.warns(UserWarning, match=r"reference is not trustworthy.*max R-hat"):
+        table = compare({"good": good}, stuck_reference(), ksd_draws=0)
+    assert not table.reference_trustworthy
+    assert "R-hat" in table.reference_check
+    assert str(table).startswith("WARNING: these scores are against an untrustworthy")
+    with pytest.raises(ValueError, match="reference is not trustworthy"):
+        compare({"good": good}, stuck_reference(), ksd_draws=0, strict=True)
+    # reference_posterior's own verdict is taken as it is.
+    rng = np.random.default_rng(14)
+    flagged = _arviz.from_dict(
+        {"posterior": {"x": rng.normal(size=(2, 1000))}},
+        attrs={"posterior": {"trustworthy": 0, "max_rhat": 1.53, "min_ess_bulk": 4}},
+    )
+    with pytest.warns(UserWarning, match="own check: max_rhat 1.53, min_ess_bulk 4"):
+        table = compare({"good": good}, flagged, ksd_draws=0)
+    assert not table.reference_trustworthy
+
+
+def test_a_trustworthy_reference_gives_no_warning(reference):
+    draws = {"w": reference.posterior["w"].values.reshape(-1, 2)}
+    one_chain = {"w": draws["w"]}  # a dict of draws: one chain, split for R-hat
+    for ref in (reference, one_chain):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            table = compare({"same": draws}, ref, ksd_draws=0)
+        assert table.reference_trustworthy
+        assert "WARNING" not in str(table)
+
+
+def test_the_warnings_column_shows_what_the_kernel_recorded():
+    y = 1.0 + random.normal(random.key(15), (200,))
+    exact = {"mu": np.random.default_rng(16).normal(float(y.mean()), 0.07, 1000)}
+    runs = {}
+    for name, kinds in (("drifted", ("drift", "step", "drift")), ("clean", ())):
+        mcmc = MCMC(
+            SGLD(gaussian_model, step_size=0.02, variant="corrected"),
+            num_warmup=50,
+            num_samples=100,
+            progress_bar=False,
+        )
+        mcmc.run(random.key(17), y)
+        mcmc.sampler.run_warnings = kinds  # as the kernels record them
+        runs[name] = mcmc
+    runs["draws"] = exact
+    table = compare(runs, exact, ksd_draws=0)
+    column = table.summary["warnings"]
+    assert column["drifted"] == "drift, step"
+    assert column["clean"] == "none"
+    assert np.isnan(column["draws"]) and np.isnan(column["reference"])
+    text = str(table)
+    assert "warnings" in text and "drift, step" in text

@@ -1,5 +1,7 @@
 """full_batch: the exact full-data potential and posterior of the same model code."""
 
+import json
+import logging
 from pathlib import Path
 import shutil
 import warnings
@@ -20,6 +22,7 @@ from numpyro_sgbd import (
     full_batch,
     full_batch_scores,
     posterior_mode,
+    reference,
     reference_posterior,
 )
 from numpyro_sgbd.reference import _cache_key
@@ -169,6 +172,132 @@ def test_reference_posterior_laplace_on_an_ill_conditioned_posterior():
     assert np.all(np.abs(proj.var(0) - 1) < 4 * np.sqrt(2 / ess)), proj.var(0)
 
 
+def raw_scale_model(X, y):
+    b = numpyro.sample("b", dist.Normal(0.0, 100.0))
+    w = numpyro.sample("w", dist.Normal(0.0, 100.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=100) as idx:
+        numpyro.sample("y", dist.Normal(b + X[idx] @ w, 1.0), obs=y[idx])
+
+
+def raw_scale_data(n=1000):
+    """Covariates in raw units, as a user passes them: scales 1e-2, 1 and 1e2 with
+    offsets of three sds, so the posterior sds span 1e4 and the intercept is
+    correlated with every slope."""
+    rng = np.random.default_rng(0)
+    scales = np.array([1e-2, 1.0, 1e2])
+    X = scales * (3.0 + rng.normal(size=(n, 3)))
+    y = 1.0 + (X / scales) @ np.array([0.5, -1.0, 0.3]) + rng.normal(size=n)
+    return jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
+
+
+def test_the_default_whitens_an_ill_conditioned_posterior_and_is_trustworthy():
+    # Plain NUTS (laplace=False, the default before "auto") with these settings
+    # ends at R-hat 3.0, bulk ESS 2 and a quarter of the draws at the maximal tree
+    # depth (tried by hand).
+    X, y = raw_scale_data()
+    idata = reference_posterior(raw_scale_model, X, y, num_warmup=300, num_samples=500)
+    attrs = idata.posterior.attrs
+    assert attrs["laplace"] == "dense", attrs["laplace_reason"]
+    assert "ill-conditioned" in attrs["laplace_reason"]
+    assert attrs["trustworthy"] == 1, attrs
+    assert float(idata.sample_stats["n_steps"].mean()) < 8
+    # The posterior is Gaussian: each coefficient's mean within 4 MCSE of the
+    # exact one (a false alarm about once in 10^4 per coefficient).
+    Xd = np.column_stack([np.ones(X.shape[0]), np.asarray(X, np.float64)])
+    precision = Xd.T @ Xd + np.eye(4) / 100.0**2
+    exact = np.linalg.solve(precision, Xd.T @ np.asarray(y, np.float64))
+    draws = np.concatenate(
+        [idata.posterior["b"].values[..., None], idata.posterior["w"].values], -1
+    )
+    mcse = np.asarray(az.mcse(az.convert_to_dataset({"t": draws}))["t"])
+    assert np.all(np.abs(draws.mean((0, 1)) - exact) < 4 * mcse), (
+        draws.mean((0, 1)) - exact,
+        mcse,
+    )
+
+
+def test_above_the_dense_limit_the_laplace_map_is_low_rank(monkeypatch):
+    # The same posterior with the dense limit lowered below its d = 4: the Lanczos
+    # space holds all of it, so the low-rank map whitens it as well.
+    monkeypatch.setattr(reference, "LAPLACE_DENSE_MAX_DIM", 2)
+    X, y = raw_scale_data()
+    idata = reference_posterior(raw_scale_model, X, y, num_warmup=300, num_samples=500)
+    attrs = idata.posterior.attrs
+    assert attrs["laplace"] == "lowrank", attrs["laplace_reason"]
+    assert attrs["trustworthy"] == 1, attrs
+    assert float(idata.sample_stats["n_steps"].mean()) < 8
+
+
+def well_conditioned_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=5) as idx:
+        numpyro.sample("y", dist.Normal(mu, sigma), obs=y[idx])
+
+
+def test_the_default_keeps_plain_nuts_on_a_well_conditioned_posterior():
+    y = 0.5 + random.normal(random.key(7), (20,))
+    settings = dict(num_warmup=500, num_samples=1000)
+    auto = reference_posterior(well_conditioned_model, y, **settings)
+    attrs = auto.posterior.attrs
+    assert attrs["laplace"] == "none", attrs["laplace_reason"]
+    assert "well conditioned" in attrs["laplace_reason"]
+    assert attrs["trustworthy"] == 1, attrs
+    # The same draws as plain NUTS with the same key: the reference is unchanged.
+    plain = reference_posterior(well_conditioned_model, y, laplace=False, **settings)
+    for name in ("mu", "sigma"):
+        np.testing.assert_array_equal(auto.posterior[name], plain.posterior[name])
+    # And it agrees with plain NUTS run from another key: means within 4 combined
+    # MCSE (a false alarm about once in 10^4 per site).
+    other = reference_posterior(
+        well_conditioned_model, y, laplace=False, rng_key=random.key(1), **settings
+    )
+    for name in ("mu", "sigma"):
+        a, b = auto.posterior[name].values, other.posterior[name].values
+        mcse = [float(az.mcse(az.convert_to_dataset({"t": v}))["t"]) for v in (a, b)]
+        assert abs(a.mean() - b.mean()) < 4 * np.hypot(*mcse), (name, mcse)
+
+
+def test_auto_falls_back_to_plain_nuts_where_the_laplace_map_fails(caplog):
+    # Only a + b is identified: along a - b the curvature is the prior's, 1e-8 of
+    # the data's, below what a float32 Hessian resolves.
+    def model(y):
+        a = numpyro.sample("a", dist.Normal(0.0, 1e4))
+        b = numpyro.sample("b", dist.Normal(0.0, 1e4))
+        with numpyro.plate("data", y.shape[0], subsample_size=5) as idx:
+            numpyro.sample("y", dist.Normal(a + b, 1.0), obs=y[idx])
+
+    y = 4.0 + random.normal(random.key(8), (20,))
+    settings = dict(num_warmup=100, num_samples=100)
+    with caplog.at_level(logging.INFO, logger="numpyro_sgbd"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # whether NUTS converged is not tested
+            idata = reference_posterior(model, y, **settings)
+    attrs = idata.posterior.attrs
+    assert attrs["laplace"] == "none"
+    assert attrs["laplace_reason"].startswith("plain NUTS: ")
+    assert "not positive" in attrs["laplace_reason"]
+    assert any(
+        r.levelno == logging.WARNING and "plain NUTS" in r.getMessage()
+        for r in caplog.records
+    )
+    with pytest.raises(ValueError, match="not positive"):
+        reference_posterior(model, y, laplace=True, **settings)
+
+
+def test_the_advice_fits_what_was_used():
+    X, y = raw_scale_data(200)
+    settings = dict(num_warmup=0, num_samples=30, max_tree_depth=1)
+    with pytest.warns(RuntimeWarning, match="not trustworthy") as record:
+        reference_posterior(raw_scale_model, X, y, laplace=True, **settings)
+    (message,) = [str(w.message) for w in record if "trustworthy" in str(w.message)]
+    assert "far from Gaussian" in message and "laplace=True" not in message
+    with pytest.warns(RuntimeWarning, match="not trustworthy") as record:
+        reference_posterior(raw_scale_model, X, y, laplace=False, **settings)
+    (message,) = [str(w.message) for w in record if "trustworthy" in str(w.message)]
+    assert "laplace='auto'" in message and "far from Gaussian" not in message
+
+
 def test_reference_posterior_warns_and_strict_raises_when_not_converged():
     y = jnp.ones(20)
 
@@ -178,8 +307,11 @@ def test_reference_posterior_warns_and_strict_raises_when_not_converged():
             numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
 
     settings = dict(num_warmup=0, num_samples=30, max_tree_depth=1)
-    with pytest.warns(RuntimeWarning, match="not trustworthy.*ESS"):
+    with pytest.warns(RuntimeWarning, match="not trustworthy.*ESS") as record:
         idata = reference_posterior(model, y, **settings)
+    # Well conditioned: the advice is not to whiten (auto found no need).
+    (message,) = [str(w.message) for w in record if "trustworthy" in str(w.message)]
+    assert "well conditioned" in message
     assert idata.posterior.attrs["trustworthy"] == 0
     assert idata.posterior.attrs["frac_max_tree_depth"] > 0
     with pytest.raises(RuntimeError, match="not trustworthy"):
@@ -234,6 +366,26 @@ def test_reference_posterior_cache_hit_and_miss_on_new_data(tmp_path):
     calls.clear()
     reference_posterior(model, y, **{**settings, "num_samples": 501})
     assert calls  # the settings are part of the key too
+
+
+def test_a_cached_reference_records_its_settings_and_what_auto_chose(tmp_path):
+    y = random.normal(random.key(6), (30,))
+    settings = dict(num_warmup=300, num_samples=500, cache_dir=tmp_path)
+    first = reference_posterior(_traced_model, y, **settings)
+    _TRACES.clear()
+    loaded = reference_posterior(_traced_model, y, **settings)
+    assert not _TRACES  # loaded, not sampled
+    attrs = loaded.posterior.attrs
+    recorded = json.loads(attrs["settings"])
+    assert recorded["laplace"] == "auto"
+    assert recorded["num_samples"] == 500 and recorded["num_warmup"] == 300
+    assert attrs["laplace"] == first.posterior.attrs["laplace"] == "none"
+    assert attrs["laplace_reason"] == first.posterior.attrs["laplace_reason"]
+    # "auto" is part of the key: forced off is another file, though it samples the
+    # same draws here.
+    plain = reference_posterior(_traced_model, y, laplace=False, **settings)
+    assert len(list(tmp_path.glob("*.nc"))) == 2
+    assert json.loads(plain.posterior.attrs["settings"])["laplace"] is False
 
 
 def _traced_model(y):
