@@ -58,6 +58,7 @@ from numpyro_sgbd.modes import (
 )
 from numpyro_sgbd.sharding import any_sharded, data_sharding
 from numpyro_sgbd.updates._tree import tree_mean
+from numpyro_sgbd.validation import check_plate_data
 
 __all__ = ["Centre", "SGState", "family_state", "wall_time"]
 
@@ -924,6 +925,7 @@ class _SGKernel(MCMCKernel):
             else:
                 self._estimator = CustomEstimator(self._gradient_fn)
             return
+        check_plate_data(self._model, model_args, model_kwargs)
         plates, dims, shapes, deterministic = _model_structure(
             self._model, model_args, model_kwargs
         )

@@ -38,6 +38,7 @@ from numpyro_sgbd.modes import (
     mode_hessian,
     posterior_mode,
 )
+from numpyro_sgbd.validation import check_plate_data
 
 __all__ = [
     "PosteriorMode",
@@ -369,6 +370,7 @@ def reference_posterior(
             "chain_method must be 'sequential', 'parallel' or 'vectorized', got "
             f"{chain_method!r}."
         )
+    check_plate_data(model, model_args, model_kwargs)
     rng_key = random.key(0) if rng_key is None else rng_key
     settings = dict(
         num_warmup=num_warmup,
