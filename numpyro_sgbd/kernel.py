@@ -58,7 +58,11 @@ from numpyro_sgbd.modes import (
 )
 from numpyro_sgbd.sharding import any_sharded, data_sharding
 from numpyro_sgbd.updates._tree import tree_mean
-from numpyro_sgbd.validation import check_plate_data
+from numpyro_sgbd.validation import (
+    check_plate_data,
+    check_real,
+    check_step_size,
+)
 
 __all__ = ["Centre", "SGState", "family_state", "wall_time"]
 
@@ -392,6 +396,7 @@ def _model_structure(model, model_args, model_kwargs):
 
 
 def _check_positive(value, where):
+    check_real(value, where)
     arr = np.asarray(value, dtype=float)
     if arr.size == 0 or not np.all(np.isfinite(arr)) or not np.all(arr > 0):
         raise ValueError(f"{where} must be positive and finite, got {value!r}.")
@@ -570,6 +575,7 @@ class _SGKernel(MCMCKernel):
                     "a preconditioner; with preconditioner='none' give step_size."
                 )
         else:
+            check_step_size(step_size)
             _check_positive_tree(step_size, "step_size")
         if adapt_mass_matrix and preconditioner == "none":
             raise ValueError(

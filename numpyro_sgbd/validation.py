@@ -3,7 +3,8 @@
 Bad input that JAX accepts silently: :func:`check_plate_data` finds data arrays
 that a subsample plate's indices read but whose length is not the plate's size
 (JAX clamps an index past the end of an array to its last row, so a ``y`` 100 rows
-short is misread rather than refused).
+short is misread rather than refused); :func:`check_step_size` and
+:func:`check_real` refuse hyperparameters that NumPy would convert from a string.
 """
 
 from dataclasses import dataclass
@@ -25,7 +26,11 @@ try:  # public from JAX 0.4.30
 except ImportError:  # pragma: no cover - older JAX
     from jax.core import ClosedJaxpr, Jaxpr, Literal, Primitive
 
-__all__ = ["check_plate_data"]
+__all__ = [
+    "check_plate_data",
+    "check_real",
+    "check_step_size",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -465,3 +470,45 @@ def _reading_site(jaxpr, top, sites):
         if not isinstance(v, Literal) and v in reached:
             return site
     return None
+
+
+# --------------------------------------------------------------- hyperparameters
+
+#: What ``step_size`` takes, for its error messages.
+STEP_SIZE_TAKES = (
+    "a positive float, a dict {site name: positive float or array}, or None to "
+    "adapt it during warmup"
+)
+
+
+def check_real(value, name, takes="a positive number (or an array of them)"):
+    """Raise a TypeError unless ``value`` is a real number or an array of them:
+    ``np.asarray('0.05', float)`` is 0.05, so a string would pass a check of the
+    value alone; a bool is refused too."""
+    kind = None
+    if not isinstance(value, (str, bytes, bool, np.bool_)):
+        try:
+            kind = np.asarray(value).dtype.kind
+        except Exception:  # noqa: BLE001 - any object NumPy cannot take
+            kind = None
+    if kind in ("i", "u", "f"):
+        return
+    hint = ""
+    if isinstance(value, str):
+        hint = f" (a string: write {name}={value}, without quotes)"
+    raise TypeError(
+        f"{name} must be {takes}; got the {type(value).__name__} {value!r}{hint}."
+    )
+
+
+def check_step_size(step_size, takes=STEP_SIZE_TAKES):
+    """The type check of a sampler's ``step_size`` (its value is checked with the
+    other hyperparameters): ``None``, a real scalar or array, or a dict of them by
+    site. ``takes`` says what the sampler takes, for the message."""
+    if step_size is None:
+        return
+    if isinstance(step_size, dict):
+        for site, value in step_size.items():
+            check_real(value, f"step_size[{site!r}]", takes)
+    else:
+        check_real(step_size, "step_size", takes)

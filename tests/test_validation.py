@@ -1,14 +1,19 @@
 """Bad input that JAX would take silently is refused before compiling: data whose
-length is not their subsample plate's size."""
+length is not their subsample plate's size, and a step size given as a string."""
+
+import inspect
 
 from jax import random
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC
+from numpyro.infer.mcmc import MCMCKernel
 import pytest
 
-from numpyro_sgbd import SGBD, host_data, reference_posterior
+import numpyro_sgbd
+from numpyro_sgbd import SGBD, SGLD, host_data, reference_posterior
 from numpyro_sgbd.validation import check_plate_data
 
 # The issue's logistic regression, smaller: N declared as a constant, as a user
@@ -109,3 +114,40 @@ def test_second_plate_and_lagged_reads():
             numpyro.sample("y", dist.Normal(rho * y[t], 1.0), obs=y[t + 1])
 
     check_plate_data(series, (Y,))
+
+
+# --------------------------------------------------------------- step sizes
+
+SAMPLERS = sorted(
+    name
+    for name in numpyro_sgbd.__all__
+    if inspect.isclass(getattr(numpyro_sgbd, name))
+    and issubclass(getattr(numpyro_sgbd, name), MCMCKernel)
+)
+# Each sampler's required arguments besides the step size.
+REQUIRED = {
+    "Recipe": {"diffusion": lambda z: 1.0},
+    "SGRLD": {"inverse_metric": lambda z: 1.0},
+}
+
+
+def test_every_sampler_is_covered():
+    assert set(SAMPLERS) >= {"SGBD", "SGLD", "NOGIN", "SGHMC", "SGNHT", "Recipe"}
+
+
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_a_step_size_given_as_a_string_is_refused(name):
+    cls = getattr(numpyro_sgbd, name)
+    with pytest.raises(TypeError, match=r"step_size must be a positive float.*'0\.05'"):
+        cls(logistic, step_size="0.05", **REQUIRED.get(name, {}))
+
+
+def test_other_non_numbers_are_refused():
+    with pytest.raises(TypeError, match=r"step_size\['w'\] must be"):
+        SGBD(logistic, step_size={"w": "0.05"})
+    with pytest.raises(TypeError, match="got the bool True"):
+        SGLD(logistic, step_size=True)
+    with pytest.raises(TypeError, match="friction must be"):
+        numpyro_sgbd.SGHMC(logistic, step_size=0.05, friction="1.0")
+    SGBD(logistic, step_size=np.float32(0.05))  # NumPy and JAX numbers are fine
+    SGBD(logistic, step_size={"w": jnp.full(D, 0.05)})
