@@ -62,6 +62,7 @@ from numpyro_sgbd.validation import (
     check_plate_data,
     check_real,
     check_step_size,
+    warn_unadapted,
 )
 
 __all__ = ["Centre", "SGState", "family_state", "wall_time"]
@@ -1213,6 +1214,7 @@ class _SGKernel(MCMCKernel):
         # own, each compiled apart (about 100 of them, 3 s of a fresh run).
         with _eager_if_traced((rng_key, model_args, model_kwargs)):
             self._build(model_args, model_kwargs)
+        warn_unadapted(self, num_warmup, self._step_size_arg)
         batched = not is_prng_key(rng_key)
         if init_params is None and self.preconditioner is not None:
             rng_key, z = self._laplace_start(rng_key, batched)

@@ -4,12 +4,17 @@ Bad input that JAX accepts silently: :func:`check_plate_data` finds data arrays
 that a subsample plate's indices read but whose length is not the plate's size
 (JAX clamps an index past the end of an array to its last row, so a ``y`` 100 rows
 short is misread rather than refused); :func:`check_step_size` and
-:func:`check_real` refuse hyperparameters that NumPy would convert from a string.
+:func:`check_real` refuse hyperparameters that NumPy would convert from a string;
+:func:`warn_unadapted` says when ``step_size=None`` gets no warmup to adapt in.
 """
 
+from contextlib import contextmanager
+import contextvars
 from dataclasses import dataclass
 import inspect
 import logging
+import warnings
+import weakref
 
 import jax
 from jax import tree_util
@@ -30,6 +35,8 @@ __all__ = [
     "check_plate_data",
     "check_real",
     "check_step_size",
+    "warmup_elsewhere",
+    "warn_unadapted",
 ]
 
 logger = logging.getLogger(__name__)
@@ -512,3 +519,41 @@ def check_step_size(step_size, takes=STEP_SIZE_TAKES):
             check_real(value, f"step_size[{site!r}]", takes)
     else:
         check_real(step_size, "step_size", takes)
+
+
+# -------------------------------------------------------------------- warmup
+
+#: Kernels once initialised with warmup: an ``init`` without warmup then belongs
+#: to a run that resumes from their adapted state (NumPyro's
+#: ``post_warmup_state``), which ``init``'s own state does not replace.
+_warmed_up = weakref.WeakSet()
+_adapting_elsewhere = contextvars.ContextVar("adapting_elsewhere", default=False)
+
+
+@contextmanager
+def warmup_elsewhere():
+    """Inside, :func:`warn_unadapted` says nothing: for callers that initialise a
+    kernel without warmup and set its step themselves (:func:`~numpyro_sgbd.tune`)."""
+    token = _adapting_elsewhere.set(True)
+    try:
+        yield
+    finally:
+        _adapting_elsewhere.reset(token)
+
+
+def warn_unadapted(kernel, num_warmup, step_size):
+    """Warn when ``step_size=None`` (adapt in warmup) meets ``num_warmup=0``: the
+    step then stays where it starts and no scale is adapted."""
+    if num_warmup > 0:
+        _warmed_up.add(kernel)
+        return
+    if step_size is not None or kernel in _warmed_up or _adapting_elsewhere.get():
+        return
+    warnings.warn(
+        f"{type(kernel).__name__}(step_size=None) adapts its step size (and the "
+        "scales of its preconditioner) during warmup, but num_warmup=0: nothing is "
+        "adapted, the step stays at its starting value and no scale is estimated. "
+        "Give num_warmup > 0 (a few hundred steps), or a step_size.",
+        UserWarning,
+        stacklevel=3,
+    )

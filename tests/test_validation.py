@@ -1,7 +1,9 @@
 """Bad input that JAX would take silently is refused before compiling: data whose
-length is not their subsample plate's size, and a step size given as a string."""
+length is not their subsample plate's size, a step size given as a string, and
+step_size=None with no warmup to adapt it in."""
 
 import inspect
+import warnings
 
 from jax import random
 import jax.numpy as jnp
@@ -151,3 +153,35 @@ def test_other_non_numbers_are_refused():
         numpyro_sgbd.SGHMC(logistic, step_size=0.05, friction="1.0")
     SGBD(logistic, step_size=np.float32(0.05))  # NumPy and JAX numbers are fine
     SGBD(logistic, step_size={"w": jnp.full(D, 0.05)})
+
+
+# -------------------------------------------------------------------- warmup
+
+
+def _unadapted(record):
+    return [w for w in record if "num_warmup=0" in str(w.message)]
+
+
+def test_no_warmup_without_a_step_size_warns():
+    kernel = SGLD(logistic)
+    with pytest.warns(UserWarning, match="nothing is adapted"):
+        kernel.init(random.key(0), 0, None, (X, Y), {})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        SGLD(logistic, step_size=1e-3).init(random.key(0), 0, None, (X, Y), {})
+        # Resuming an adapted kernel (NumPyro calls init again when it resumes
+        # from post_warmup_state after a run inside jax.jit): nothing to say.
+        kernel.init(random.key(0), 10, None, (X, Y), {})
+        kernel.init(random.key(0), 0, None, (X, Y), {})
+    assert not _unadapted(record)
+
+
+def test_warmup_then_run_does_not_warn():
+    mcmc = MCMC(SGBD(logistic), num_warmup=4, num_samples=4, progress_bar=False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        mcmc.warmup(random.key(0), X, Y)
+        mcmc.run(random.key(1), X, Y)
+        mcmc.post_warmup_state = mcmc.last_state
+        mcmc.run(mcmc.post_warmup_state.rng_key, X, Y)
+    assert not _unadapted(record)
