@@ -121,8 +121,10 @@ class _PlateIndices(Messenger):
             size, n = int(size), int(n)
         except (TypeError, jax.errors.ConcretizationTypeError):
             return  # a traced plate size: nothing to compare with
-        if not 0 < n <= size:
-            return  # the kernels' own plate check reports it
+        if n < 1:
+            return
+        # n > size is reported by the kernels' own plate check (marked all the
+        # same: left to NumPyro, the plate would warn about it first).
         self.plates[msg["name"]] = (size, n)
         msg["value"] = _plate_index_p.bind(
             self.anchor, name=msg["name"], size=size, n=n
