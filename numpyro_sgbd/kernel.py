@@ -58,6 +58,12 @@ from numpyro_sgbd.modes import (
 )
 from numpyro_sgbd.sharding import any_sharded, data_sharding
 from numpyro_sgbd.updates._tree import tree_mean
+from numpyro_sgbd.validation import (
+    check_plate_data,
+    check_real,
+    check_step_size,
+    warn_unadapted,
+)
 
 __all__ = ["Centre", "SGState", "family_state", "wall_time"]
 
@@ -402,6 +408,7 @@ def _model_structure(model, model_args, model_kwargs):
 
 
 def _check_positive(value, where):
+    check_real(value, where)
     arr = np.asarray(value, dtype=float)
     if arr.size == 0 or not np.all(np.isfinite(arr)) or not np.all(arr > 0):
         raise ValueError(f"{where} must be positive and finite, got {value!r}.")
@@ -580,6 +587,7 @@ class _SGKernel(MCMCKernel):
                     "a preconditioner; with preconditioner='none' give step_size."
                 )
         else:
+            check_step_size(step_size)
             _check_positive_tree(step_size, "step_size")
         if adapt_mass_matrix and preconditioner == "none":
             raise ValueError(
@@ -941,6 +949,7 @@ class _SGKernel(MCMCKernel):
             else:
                 self._estimator = CustomEstimator(self._gradient_fn)
             return
+        check_plate_data(self._model, model_args, model_kwargs)
         plates, dims, shapes, deterministic = _model_structure(
             self._model, model_args, model_kwargs
         )
@@ -1222,6 +1231,7 @@ class _SGKernel(MCMCKernel):
         # own, each compiled apart (about 100 of them, 3 s of a fresh run).
         with _eager_if_traced((rng_key, model_args, model_kwargs)):
             self._build(model_args, model_kwargs)
+        warn_unadapted(self, num_warmup, self._step_size_arg)
         batched = not is_prng_key(rng_key)
         if init_params is None and self.preconditioner is not None:
             rng_key, z = self._laplace_start(rng_key, batched)

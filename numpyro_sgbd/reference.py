@@ -42,6 +42,7 @@ from numpyro_sgbd.modes import (
     posterior_mode,
 )
 from numpyro_sgbd.preconditioning import Preconditioner, lowrank
+from numpyro_sgbd.validation import check_plate_data
 
 __all__ = [
     "PosteriorMode",
@@ -556,6 +557,7 @@ def reference_posterior(
             "chain_method must be 'sequential', 'parallel' or 'vectorized', got "
             f"{chain_method!r}."
         )
+    check_plate_data(model, model_args, model_kwargs)
     rng_key = random.key(0) if rng_key is None else rng_key
     settings = dict(
         num_warmup=num_warmup,

@@ -52,6 +52,7 @@ from numpyro_sgbd.updates.position import (
 from numpyro_sgbd.updates.recipe import check_recipe, recipe_step
 from numpyro_sgbd.updates.sghmc import sghmc_init, sghmc_step
 from numpyro_sgbd.updates.sgnht import sgnht_init, sgnht_step
+from numpyro_sgbd.validation import check_step_size
 
 __all__ = [
     "NOGIN",
@@ -637,6 +638,7 @@ class NOGIN(_SGKernel):
         chunk_size=4096,
         num_steps=1,
     ):
+        check_step_size(step_size, "a positive float, or None to adapt it in warmup")
         if step_size is not None and (
             isinstance(step_size, dict) or np.ndim(step_size) != 0
         ):
@@ -1274,6 +1276,7 @@ class Recipe(_FamilyKernel):
         chunk_size=4096,
         num_steps=1,
     ):
+        check_step_size(step_size, "a positive float (epsilon)")
         if step_size is None or isinstance(step_size, dict) or np.ndim(step_size):
             raise ValueError(
                 f"{type(self).__name__} needs step_size, a positive scalar epsilon "

@@ -30,6 +30,7 @@ from numpyro_sgbd.estimators import as_jax_arrays, split_arrays
 from numpyro_sgbd.handlers import subsample_size
 from numpyro_sgbd.modes import _subsample_plates, full_data_objective
 from numpyro_sgbd.samplers import NOGIN, SGBD, SGHMC, SGLD, SGNHT
+from numpyro_sgbd.validation import warmup_elsewhere
 
 __all__ = ["Arm", "TuneResult", "tune"]
 
@@ -499,7 +500,8 @@ def tune(
         ),
         chunk_size=chunk_size,
     )
-    source.init(rng_key, 0, None, model_args, model_kwargs)
+    with warmup_elsewhere():  # the arms' steps are set below
+        source.init(rng_key, 0, None, model_args, model_kwargs)
     form = source.adaptation_info["preconditioner"]
     pre = source.preconditioner
     d = int(pre.loc.shape[0])
@@ -540,7 +542,8 @@ def tune(
             # One key for every chain: each arm starts from the same draw of
             # the Laplace approximation (common random numbers).
             keys = jnp.broadcast_to(key_init, (len(part),) + key_init.shape)
-            state = kernel.init(keys, 0, None, model_args, model_kwargs)
+            with warmup_elsewhere():  # the arms' steps are set below
+                state = kernel.init(keys, 0, None, model_args, model_kwargs)
             steps = jnp.asarray([a.step_size for a in part], state.step_size.dtype)
             state = state._replace(step_size=steps)
             ok = _within_noise_bound(kernel, state, steps)
