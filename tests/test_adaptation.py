@@ -401,7 +401,10 @@ def test_the_advice_leaves_out_what_is_in_force():
     kernel = SGBD(regression)
     mcmc = MCMC(kernel, num_warmup=20, num_samples=20, progress_bar=False)
     mcmc.run(random.key(0), X, Y)
-    assert kernel._gradient == "control_variates" and kernel.run_warnings == ()
+    # 20 draws: the convergence check rightly warns; the other kinds are quiet.
+    assert kernel._gradient == "control_variates"
+    assert kernel.run_warnings in ((), ("convergence",))
+    kernel.run_warnings = ()
     kernel._plates = {"data": (2_000_000, 100, None)}  # as if N were large
     with pytest.warns(UserWarning, match="held the adapted step") as caught:
         kernel._check_step(np.array([0.001]))
