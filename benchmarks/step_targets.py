@@ -1,0 +1,114 @@
+"""Discretisation bias against ESS per second: each default sampler's step target
+in the whitened coordinates u, on the problems of ``adaptation_accuracy.py``.
+
+    python benchmarks/step_targets.py                   # about 25 minutes on 2 cores
+    python benchmarks/step_targets.py --problems default --samplers SGBD
+
+``step_size=None`` adapts each kernel's step in warmup from a target in u (SGBD
+0.5, SGLD 0.4, NOGIN 0.5), lowered only where the gradient noise demands it. A
+smaller target shrinks the discretisation bias and the effective draws per step
+together. For each problem and sampler this runs the default path
+(``SGBD(model)``, ...) with the target replaced by each of ``--targets`` (a
+subclass that sets ``_STEP_TARGET``; nothing else changes), 3,000 + 30,000 steps
+as ``adaptation_accuracy.py``, and prints xi (the relative error of the sds), the
+largest mean bias in sds, the smallest bulk ESS, ESS per second, and the Monte
+Carlo floor: the xi and bias that exact draws with the run's and the reference's
+ESS would show on average. What the run adds above that floor is its bias.
+References are NUTS on the full data, cached under ``--cache`` as in
+``adaptation_accuracy.py``.
+"""
+
+import argparse
+from pathlib import Path
+import sys
+import time
+import warnings
+
+import jax
+from jax import random
+import numpy as np
+from numpyro.infer import MCMC
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import adaptation_accuracy as accuracy  # noqa: E402
+
+from numpyro_sgbd import NOGIN, SGBD, SGLD, compare  # noqa: E402
+
+SAMPLERS = {"SGBD": SGBD, "SGLD": SGLD, "NOGIN": NOGIN}
+TARGETS = {"SGBD": (0.5, 0.4, 0.35), "SGLD": (0.4, 0.3), "NOGIN": (0.5, 0.35)}
+
+
+def with_target(sampler, target):
+    """``sampler`` with its step target in u replaced by ``target``."""
+    return type(f"{sampler.__name__}_{target}", (sampler,), {"_STEP_TARGET": target})
+
+
+def run(spec, sampler, target, key, args):
+    kernel = with_target(sampler, target)(spec["model"])
+    mcmc = MCMC(
+        kernel,
+        num_warmup=args.num_warmup,
+        num_samples=args.num_samples,
+        progress_bar=False,
+    )
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run(key, *spec["args"])
+        jax.block_until_ready(mcmc.get_samples())
+    seconds = time.perf_counter() - start
+    return mcmc, seconds, kernel.run_warnings, len(caught)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--problems", nargs="+", default=accuracy.PROBLEMS)
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
+    parser.add_argument("--num-warmup", type=int, default=3000)
+    parser.add_argument("--num-samples", type=int, default=30_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/refs"))
+    args = parser.parse_args(argv)
+    args.quick = False
+    rng = np.random.default_rng(0)
+    header = (
+        "| problem | sampler | target | xi | max mean bias | min ESS | ESS/s | "
+        "MC floor xi / bias | wall s | warnings |"
+    )
+    print(header + "\n|" + "---|" * 10, flush=True)
+    for name in args.problems:
+        spec = accuracy.problem(name, False)
+        ref = accuracy.reference(name, spec, args)
+        ref_rows = None
+        for s, sampler_name in enumerate(args.samplers):
+            for target in TARGETS[sampler_name]:
+                key = random.fold_in(random.key(args.seed), s)
+                mcmc, seconds, kinds, _ = run(
+                    spec, SAMPLERS[sampler_name], target, key, args
+                )
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    table = compare({"run": mcmc}, ref, ksd_draws=0)
+                per = table.per_parameter
+                rows = per.xs("run", level="run")
+                ref_rows = per.xs("reference", level="run")
+                floor_xi, floor_bias = accuracy.mc_floor(
+                    rows["ess_bulk"].to_numpy(),
+                    ref_rows["ess_bulk"].to_numpy(),
+                    ref_rows["sd"].to_numpy(),
+                    rng,
+                )
+                summary = table.summary.loc["run"]
+                ess = float(summary["min_ess_bulk"])
+                print(
+                    f"| {name} | {sampler_name} | {target} | {summary['xi']:.3f} | "
+                    f"{summary['max_bias_mean']:.3f} | {ess:.0f} | "
+                    f"{ess / seconds:.0f} | {floor_xi:.3f} / {floor_bias:.3f} | "
+                    f"{seconds:.0f} | {', '.join(kinds) or 'none'} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
