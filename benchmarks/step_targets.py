@@ -2,7 +2,8 @@
 in the whitened coordinates u, on the problems of ``adaptation_accuracy.py``.
 
     python benchmarks/step_targets.py                   # about 25 minutes on 2 cores
-    python benchmarks/step_targets.py --problems default --samplers SGBD
+    python benchmarks/step_targets.py --samplers SGBD SGLD --targets 0.5 0.35 \
+        --seeds 1 2                                     # more seeds, chosen targets
 
 ``step_size=None`` adapts each kernel's step in warmup from a target in u (SGBD
 0.5, SGLD 0.4, NOGIN 0.5), lowered only where the gradient noise demands it. A
@@ -19,6 +20,7 @@ References are NUTS on the full data, cached under ``--cache`` as in
 """
 
 import argparse
+import itertools
 from pathlib import Path
 import sys
 import time
@@ -67,23 +69,29 @@ def main(argv=None):
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
     parser.add_argument("--num-warmup", type=int, default=3000)
     parser.add_argument("--num-samples", type=int, default=30_000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--targets", nargs="+", type=float, help="targets for every sampler"
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--cache", type=Path, default=Path("/tmp/refs"))
     args = parser.parse_args(argv)
-    args.quick = False
+    # The references' own seed stays 0 (adaptation_accuracy.py's cache).
+    args.quick, args.seed = False, 0
     rng = np.random.default_rng(0)
     header = (
         "| problem | sampler | target | xi | max mean bias | min ESS | ESS/s | "
         "MC floor xi / bias | wall s | warnings |"
     )
-    print(header + "\n|" + "---|" * 10, flush=True)
+    header = header.replace("| target |", "| target | seed |")
+    print(header + "\n|" + "---|" * 11, flush=True)
     for name in args.problems:
         spec = accuracy.problem(name, False)
         ref = accuracy.reference(name, spec, args)
         ref_rows = None
         for s, sampler_name in enumerate(args.samplers):
-            for target in TARGETS[sampler_name]:
-                key = random.fold_in(random.key(args.seed), s)
+            targets = args.targets or TARGETS[sampler_name]
+            for target, seed in itertools.product(targets, args.seeds):
+                key = random.fold_in(random.key(seed), s)
                 mcmc, seconds, kinds, _ = run(
                     spec, SAMPLERS[sampler_name], target, key, args
                 )
@@ -102,7 +110,8 @@ def main(argv=None):
                 summary = table.summary.loc["run"]
                 ess = float(summary["min_ess_bulk"])
                 print(
-                    f"| {name} | {sampler_name} | {target} | {summary['xi']:.3f} | "
+                    f"| {name} | {sampler_name} | {target} | {seed} | "
+                    f"{summary['xi']:.3f} | "
                     f"{summary['max_bias_mean']:.3f} | {ess:.0f} | "
                     f"{ess / seconds:.0f} | {floor_xi:.3f} / {floor_bias:.3f} | "
                     f"{seconds:.0f} | {', '.join(kinds) or 'none'} |",
