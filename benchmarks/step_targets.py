@@ -23,13 +23,10 @@ import argparse
 import itertools
 from pathlib import Path
 import sys
-import time
 import warnings
 
-import jax
 from jax import random
 import numpy as np
-from numpyro.infer import MCMC
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -48,18 +45,11 @@ def with_target(sampler, target):
 
 def run(spec, sampler, target, key, args):
     kernel = with_target(sampler, target)(spec["model"])
-    mcmc = MCMC(
-        kernel,
-        num_warmup=args.num_warmup,
-        num_samples=args.num_samples,
-        progress_bar=False,
-    )
-    start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mcmc.run(key, *spec["args"])
-        jax.block_until_ready(mcmc.get_samples())
-    seconds = time.perf_counter() - start
+        mcmc, seconds = accuracy.timed_run(
+            kernel, key, spec, args.num_warmup, args.num_samples
+        )
     return mcmc, seconds, kernel.run_warnings, len(caught)
 
 

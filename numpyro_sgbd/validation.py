@@ -306,6 +306,18 @@ def _is_index(tag):
     return isinstance(tag, (str, _Moved))
 
 
+def _carry(sources, targets, source_maps, target_maps):
+    """Copy what each map in ``source_maps`` holds for ``sources[k]`` into the
+    matching map in ``target_maps`` under ``targets[k]`` (a call's arguments into
+    its body, or its results back out); literals hold nothing."""
+    for source, target in zip(sources, targets):
+        if isinstance(source, Literal):
+            continue
+        for held, into in zip(source_maps, target_maps):
+            if source in held:
+                into[target] = held[source]
+
+
 class _IndexedReads:
     """One pass over a jaxpr: which values hold a plate's indices, and the arrays
     they index, by (argument leaf, axis, plate): ``problems`` (a length other
@@ -354,21 +366,9 @@ class _IndexedReads:
         """A call (``jit``, ``custom_jvp_call``, ...): its body walked with the
         caller's tags and origins on its inputs, and its outputs' brought back."""
         inner_tags, inner_origins = {}, {}
-        for iv, v in zip(inner.invars, eqn.invars):
-            if isinstance(v, Literal):
-                continue
-            if v in tags:
-                inner_tags[iv] = tags[v]
-            if v in origins:
-                inner_origins[iv] = origins[v]
+        _carry(eqn.invars, inner.invars, (tags, origins), (inner_tags, inner_origins))
         self.walk(inner, inner_tags, inner_origins, where)
-        for ov, iv in zip(eqn.outvars, inner.outvars):
-            if isinstance(iv, Literal):
-                continue
-            if iv in inner_tags:
-                tags[ov] = inner_tags[iv]
-            if iv in inner_origins:
-                origins[ov] = inner_origins[iv]
+        _carry(inner.outvars, eqn.outvars, (inner_tags, inner_origins), (tags, origins))
 
     def _check(self, operand, tag, axes, origins, where):
         """Record the reads of ``operand`` along each axis that an index position
