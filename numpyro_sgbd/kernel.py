@@ -1348,7 +1348,6 @@ class _SGKernel(MCMCKernel):
         self._clock.append((None, time.perf_counter()))
         self._drift_points, self._drift_warned = [], False
         self._step_checked = False
-        self.run_warnings = ()
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._check_closed_over(state, model_args, model_kwargs)
 
@@ -1420,6 +1419,8 @@ class _SGKernel(MCMCKernel):
 
     def _on_run_end(self, i, rows):
         """The convergence check, once every chain's run has ended."""
+        if self._convergence_check is None:  # unpickled mid-run: no pool to add to
+            return
         found = self._convergence_check.add(rows)
         if found is None:
             return
