@@ -763,6 +763,11 @@ class _SGKernel(MCMCKernel):
     #: The step size in the whitened coordinates u (unit posterior scale) that
     #: ``step_size=None`` starts from and never exceeds; subclasses set it.
     _STEP_TARGET = 0.5
+    #: The sampling step as a fraction of the step warmup ends with: warmup
+    #: explores at :attr:`_STEP_TARGET` (the scale windows need the chain to
+    #: cross the posterior), sampling trades some of that speed for a smaller
+    #: discretisation bias; subclasses set it.
+    _SAMPLING_FRACTION = 1.0
 
     def _step_allowed(self, state):
         """The largest step the gradient noise allows at ``state`` (at most
@@ -772,8 +777,9 @@ class _SGKernel(MCMCKernel):
     def _adapt_step(self, state):
         """The chain's next step size: during the first half of warmup (or until
         the scale windows close, if later) the step the noise allows now; then
-        the smallest such step seen since; fixed after warmup, so the sampling
-        chain is time-homogeneous."""
+        the smallest such step seen since; at the end of warmup that step times
+        :attr:`_SAMPLING_FRACTION`, fixed from then on, so the sampling chain is
+        time-homogeneous."""
         if state.step_size is None:
             return state
         allowed = self._step_allowed(state)
@@ -787,6 +793,10 @@ class _SGKernel(MCMCKernel):
                 state.step_size,
             ),
         )
+        if self._SAMPLING_FRACTION != 1.0:  # once, as warmup's last state forms
+            step = jnp.where(
+                state.i == self._num_warmup, step * self._SAMPLING_FRACTION, step
+            )
         return state._replace(step_size=step.astype(state.step_size.dtype))
 
     def _step(self, state):
@@ -888,6 +898,7 @@ class _SGKernel(MCMCKernel):
             "preconditioner_seconds": seconds - (searched - start),
             "seconds": seconds,
             "step_target": self._STEP_TARGET,
+            "sampling_fraction": self._SAMPLING_FRACTION,
             "adapt_mass_matrix": self._adapt_mass,
             "mode_search": report,
         }

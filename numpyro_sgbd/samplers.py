@@ -106,7 +106,8 @@ class SGBD(_FamilyKernel):
         Default ``None``: adapted in warmup, in the whitened coordinates u of the
         full-data Hessian at the mode, and fixed from the end of warmup (target 0.5
         in u, lowered to keep every move inside the noise tolerance
-        :math:`|w| < 1.702/\hat\tau`, eq. 8; see :ref:`adaptation`). Needs a
+        :math:`|w| < 1.702/\hat\tau`, eq. 8; sampling runs at 0.7 of the step
+        warmup ends with; see :ref:`adaptation`). Needs a
         model.
     :param str variant: ``"vanilla"`` (Algorithm 2), ``"corrected"`` (Algorithm 3) or
         ``"extreme"`` (Algorithm 4). Default ``None``: ``"corrected"`` with
@@ -283,6 +284,15 @@ class SGBD(_FamilyKernel):
     # (N(sigma, (0.1 sigma)^2)), so tau sigma < 1.702 / 1.3 keeps every move inside
     # the corrected rule's tolerance |w| < 1.702 / tau (SGBD paper, eq. 8).
     _STEP_TARGET = 0.5
+    # Sampling at 0.35 in u: at 0.5 the rule's own bias in the sds was about 0.04
+    # above a Monte Carlo floor of about 0.02 (xi 0.032-0.063 on the three
+    # adaptation-accuracy problems at 3,000 + 30,000 steps, 0.059 on average over
+    # 50 seeds of ISLR Default); at 0.35 it fell to the floor on two of them for
+    # about half the ESS per second (benchmarks/step_targets.py, results.md).
+    # Warmup stays at 0.5: with 0.35 throughout, the scale windows saw too little
+    # of a posterior wider than its Laplace approximation (spike-and-slab: s 1.3
+    # and 2.8 where 3.7 is right).
+    _SAMPLING_FRACTION = 0.7
 
     def _noise_step_bound(self, largest):
         return BARKER_TOLERANCE / 1.3 / largest

@@ -106,6 +106,12 @@ def test_the_step_is_adapted_per_chain_and_fixed_after_warmup(adapted_run):
     assert np.all(steps == steps[:, :1]), "the step changed after warmup"
     assert np.all((steps > 0) & (steps <= kernel._STEP_TARGET))
     np.testing.assert_array_equal(np.asarray(mcmc.last_state.step_size), steps[:, -1])
+    # A linear-Gaussian model: control variates leave no gradient noise, so warmup
+    # ends at the target and sampling runs at its fraction of it (SGBD: 0.35).
+    np.testing.assert_allclose(
+        steps[:, 0], kernel._STEP_TARGET * kernel._SAMPLING_FRACTION, rtol=1e-6
+    )
+    assert kernel.adaptation_info["sampling_fraction"] == kernel._SAMPLING_FRACTION
     info = kernel.adaptation_info
     assert info["preconditioner"] == "dense" and info["mode_search"]["converged"]
     assert info["seconds"] > 0 and info["preconditioner_bytes"] == (2 * D * D + D) * 4
@@ -346,9 +352,12 @@ def test_adapted_scales_fix_a_laplace_approximation_that_is_too_narrow(spike_run
 def test_adapted_scales_are_fixed_after_warmup_and_kept_on_resume(spike_runs):
     _, mcmc, _, _ = spike_runs[True]
     before = np.asarray(mcmc.last_state.scale.scale)
+    step = np.asarray(mcmc.last_state.step_size)
     mcmc.post_warmup_state = mcmc.last_state
     mcmc.run(mcmc.post_warmup_state.rng_key, Y_MIX)
     np.testing.assert_array_equal(np.asarray(mcmc.last_state.scale.scale), before)
+    # ... and so is the sampling step: its fraction is applied once, in warmup.
+    np.testing.assert_array_equal(np.asarray(mcmc.last_state.step_size), step)
     mcmc.post_warmup_state = None
 
 
