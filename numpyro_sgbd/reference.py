@@ -546,11 +546,9 @@ def reference_posterior(
         raise ValueError(
             f"target_accept_prob must lie in (0, 1), got {target_accept_prob!r}."
         )
-    if isinstance(laplace, str) and laplace == "auto":
-        pass
-    elif isinstance(laplace, (bool, np.bool_)):
+    if isinstance(laplace, (bool, np.bool_)):
         laplace = bool(laplace)
-    else:
+    elif not (isinstance(laplace, str) and laplace == "auto"):
         raise ValueError(f"laplace must be 'auto', True or False, got {laplace!r}.")
     if chain_method not in ("sequential", "parallel", "vectorized"):
         raise ValueError(

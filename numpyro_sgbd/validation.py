@@ -8,7 +8,7 @@ short is misread rather than refused); :func:`check_step_size` and
 :func:`warn_unadapted` says when ``step_size=None`` gets no warmup to adapt in.
 """
 
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 import contextvars
 from dataclasses import dataclass
 import inspect
@@ -248,10 +248,10 @@ def check_plate_data(model, model_args=(), model_kwargs=None):
                 continue
             parts = [site["value"]]
             if site["type"] == "sample":
-                try:  # the distribution's parameters: X[idx] @ w reaches them
+                # The distribution's parameters: X[idx] @ w reaches them (a
+                # distribution that is no pytree has none to give).
+                with suppress(Exception):
                     parts += jax.tree.leaves(site["fn"])
-                except Exception:  # a distribution that is no pytree
-                    pass
             for x in parts:
                 if isinstance(x, jax.core.Tracer):
                     outs.append(x)
