@@ -1733,6 +1733,8 @@ class _FamilyKernel(_SGKernel):
             raise ValueError(f"beta must be a number in (0, 1), got {beta!r}.")
         if init_noise_sd is not None:
             leaves = jax.tree.leaves(init_noise_sd)
+            for leaf in leaves:
+                check_real(leaf, "init_noise_sd", "a non-negative number (or dict)")
             if not leaves or not all(
                 np.all(np.isfinite(np.asarray(x, float)))
                 and np.all(np.asarray(x, float) >= 0)

@@ -151,6 +151,8 @@ def test_other_non_numbers_are_refused():
         SGLD(logistic, step_size=True)
     with pytest.raises(TypeError, match="friction must be"):
         numpyro_sgbd.SGHMC(logistic, step_size=0.05, friction="1.0")
+    with pytest.raises(TypeError, match="init_noise_sd must be"):
+        SGLD(logistic, step_size=0.05, init_noise_sd="0.1")
     SGBD(logistic, step_size=np.float32(0.05))  # NumPy and JAX numbers are fine
     SGBD(logistic, step_size={"w": jnp.full(D, 0.05)})
 
