@@ -38,13 +38,17 @@ SAMPLERS = {"SGBD": SGBD, "SGLD": SGLD, "NOGIN": NOGIN}
 TARGETS = {"SGBD": (0.5, 0.4, 0.35), "SGLD": (0.4, 0.3), "NOGIN": (0.5, 0.35)}
 
 
-def with_target(sampler, target):
-    """``sampler`` with its step target in u replaced by ``target``."""
-    return type(f"{sampler.__name__}_{target}", (sampler,), {"_STEP_TARGET": target})
+def with_target(sampler, target, fraction=None):
+    """``sampler`` with its step target in u replaced by ``target`` (and, given,
+    the fraction of it it samples at, ``_SAMPLING_FRACTION``)."""
+    attrs = {"_STEP_TARGET": target}
+    if fraction is not None:
+        attrs["_SAMPLING_FRACTION"] = fraction
+    return type(f"{sampler.__name__}_{target}_{fraction}", (sampler,), attrs)
 
 
-def run(spec, sampler, target, key, args):
-    kernel = with_target(sampler, target)(spec["model"])
+def run(spec, sampler, target, key, args, fraction=None):
+    kernel = with_target(sampler, target, fraction)(spec["model"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mcmc, seconds = accuracy.timed_run(
@@ -61,6 +65,13 @@ def main(argv=None):
     parser.add_argument("--num-samples", type=int, default=30_000)
     parser.add_argument(
         "--targets", nargs="+", type=float, help="targets for every sampler"
+    )
+    parser.add_argument(
+        "--fractions",
+        nargs="+",
+        type=float,
+        default=[None],
+        help="sampling fractions of the target (default: each sampler's own)",
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--cache", type=Path, default=Path("/tmp/refs"))
@@ -80,11 +91,14 @@ def main(argv=None):
         ref_rows = None
         for s, sampler_name in enumerate(args.samplers):
             targets = args.targets or TARGETS[sampler_name]
-            for target, seed in itertools.product(targets, args.seeds):
+            cells = itertools.product(targets, args.fractions, args.seeds)
+            for target, fraction, seed in cells:
                 key = random.fold_in(random.key(seed), s)
                 mcmc, seconds, kinds, _ = run(
-                    spec, SAMPLERS[sampler_name], target, key, args
+                    spec, SAMPLERS[sampler_name], target, key, args, fraction
                 )
+                if fraction is None:
+                    fraction = SAMPLERS[sampler_name]._SAMPLING_FRACTION
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     table = compare({"run": mcmc}, ref, ksd_draws=0)
@@ -100,7 +114,7 @@ def main(argv=None):
                 summary = table.summary.loc["run"]
                 ess = float(summary["min_ess_bulk"])
                 print(
-                    f"| {name} | {sampler_name} | {target} | {seed} | "
+                    f"| {name} | {sampler_name} | {target} x {fraction} | {seed} | "
                     f"{summary['xi']:.3f} | "
                     f"{summary['max_bias_mean']:.3f} | {ess:.0f} | "
                     f"{ess / seconds:.0f} | {floor_xi:.3f} / {floor_bias:.3f} | "
