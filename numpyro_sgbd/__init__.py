@@ -2,7 +2,7 @@
 
 # First: numpyro_sgbd._arviz loads numpyro before any of its submodules (see there).
 from numpyro_sgbd import _arviz  # noqa: F401
-from numpyro_sgbd._threefry import unroll_threefry_on_cpu as _unroll_threefry_on_cpu
+from numpyro_sgbd._threefry import unroll_threefry_on_cpu, unrolled_threefry
 from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
 from numpyro_sgbd.criticism import from_numpyro, full_data_log_likelihood
 from numpyro_sgbd.diagnostics import fssd, ksd, posterior_ksd
@@ -28,8 +28,8 @@ from numpyro_sgbd.tuning import TuneResult, tune
 
 __version__ = "0.1.0"
 
-# Same draws, faster to compile and to run on a CPU: see numpyro_sgbd._threefry.
-_unroll_threefry_on_cpu()
+# Importing the package changes nothing in JAX: the threefry backport
+# (numpyro_sgbd._threefry) runs only when a program calls it.
 
 __all__ = [
     "NOGIN",
@@ -61,5 +61,7 @@ __all__ = [
     "shard_data",
     "tune",
     "TuneResult",
+    "unroll_threefry_on_cpu",
+    "unrolled_threefry",
     "__version__",
 ]
