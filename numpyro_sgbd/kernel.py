@@ -33,7 +33,7 @@ from numpyro.infer.util import (
 )
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
-from numpyro_sgbd import advice, monitoring, preconditioning
+from numpyro_sgbd import advice, core, monitoring, preconditioning
 from numpyro_sgbd.diagnostics import drift
 from numpyro_sgbd.estimators import (
     Centre,
@@ -41,7 +41,6 @@ from numpyro_sgbd.estimators import (
     CustomEstimator,
     MinibatchEstimator,
     PotentialEstimator,
-    _finite_tree,
     as_jax_arrays,
     jit_once,
     split_arrays,
@@ -57,7 +56,6 @@ from numpyro_sgbd.modes import (
     search_centre,
 )
 from numpyro_sgbd.sharding import any_sharded, data_sharding
-from numpyro_sgbd.updates._tree import tree_mean
 from numpyro_sgbd.validation import (
     check_plate_data,
     check_real,
@@ -471,23 +469,6 @@ def _check_positive_tree(value, name):
         _check_positive(value, name)
 
 
-def _guard(ok, moved, state, rng_key):
-    """The one non-finite guard of every kernel: ``moved`` where ``ok``; else the
-    chain stays at ``state``, counts the refused step in ``num_nonfinite`` and
-    takes the new key (a stopped chain stays stopped: ``ok`` includes
-    ``state.num_nonfinite == 0``)."""
-    stopped = state._replace(
-        i=state.i + 1, num_nonfinite=state.num_nonfinite + 1, rng_key=rng_key
-    )
-    return jax.tree.map(lambda a, b: jnp.where(ok, a, b), moved, stopped)
-
-
-def _potential_ok(potential, exact_nan_allowed):
-    """A potential estimate is acceptable when finite, or NaN from a
-    ``gradient_fn`` that gives none."""
-    return jnp.isfinite(potential) | jnp.isnan(potential) & exact_nan_allowed
-
-
 def _has_tracer(tree):
     """Whether any leaf of ``tree`` is a JAX tracer (abstract, inside a transform)."""
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
@@ -769,40 +750,6 @@ class _SGKernel(MCMCKernel):
     #: discretisation bias; subclasses set it.
     _SAMPLING_FRACTION = 1.0
 
-    def _step_allowed(self, state):
-        """The largest step the gradient noise allows at ``state`` (at most
-        :attr:`_STEP_TARGET`); subclasses with a noise criterion refine it."""
-        return jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
-
-    def _adapt_step(self, state):
-        """The chain's next step size: during the first half of warmup (or until
-        the scale windows close, if later) the step the noise allows now; then
-        the smallest such step seen since; at the end of warmup that step times
-        :attr:`_SAMPLING_FRACTION`, fixed from then on, so the sampling chain is
-        time-homogeneous."""
-        if state.step_size is None:
-            return state
-        allowed = self._step_allowed(state)
-        half = max(self._num_warmup // 2, max(self._scale_windows[1], default=0))
-        step = jnp.where(
-            state.i <= half,
-            allowed,
-            jnp.where(
-                state.i <= self._num_warmup,
-                jnp.minimum(state.step_size, allowed),
-                state.step_size,
-            ),
-        )
-        if self._SAMPLING_FRACTION != 1.0:  # once, as warmup's last state forms
-            step = jnp.where(
-                state.i == self._num_warmup, step * self._SAMPLING_FRACTION, step
-            )
-        return state._replace(step_size=step.astype(state.step_size.dtype))
-
-    def _step(self, state):
-        """The step size for this chain's next move."""
-        return self._step_size if state.step_size is None else state.step_size
-
     #: The largest s ``adapt_mass_matrix`` may set (``None``: no bound, and the
     #: option is on by default with ``step_size=None``). The Langevin-type rules
     #: are stable only for steps below about 2 / sqrt(curvature), and L gives u
@@ -813,39 +760,19 @@ class _SGKernel(MCMCKernel):
     #: the step, none.
     _SCALE_MAX = None
 
-    def _initial_scale(self, flat):
-        """The state's :class:`~numpyro_sgbd.preconditioning.ScaleAdaptation` at
-        the start (s = 1), or ``None`` without ``adapt_mass_matrix``."""
-        if not self._adapt_mass:
-            return None
-        return preconditioning.scale_init(flat.shape[-1], flat.dtype)
-
-    def _adapt_scale(self, state):
-        """Add this draw, in u, to the open scale window and re-estimate s where a
-        window closes (:func:`~numpyro_sgbd.preconditioning.scale_update`); past
-        the last window nothing is computed (for one chain: vectorized chains
-        evaluate both branches)."""
-        if state.scale is None or not self._scale_windows[1]:
-            return state
-        start, ends = self._scale_windows
-        pre = self.preconditioner
-
-        def update(adapt, z, i):
-            u = pre.to_u(ravel_pytree(z)[0])
-            new = preconditioning.scale_update(adapt, u, i, start, ends)
-            if self._SCALE_MAX is None:
-                return new
-            return new._replace(scale=jnp.minimum(new.scale, self._SCALE_MAX))
-
-        scale = jax.lax.cond(
-            state.i <= ends[-1],
-            update,
-            lambda adapt, z, i: adapt,
-            state.scale,
-            state.z,
-            state.i,
+    def _adaptation(self):
+        """The warmup adaptation as the core's value (:class:`core.Adaptation`),
+        from what ``init`` set (the run's warmup, L, the given step)."""
+        return core.Adaptation(
+            num_warmup=self._num_warmup,
+            scale_windows=self._scale_windows,
+            step_target=self._STEP_TARGET,
+            sampling_fraction=self._SAMPLING_FRACTION,
+            scale_max=self._SCALE_MAX,
+            fixed_step=self._step_size,
+            adapt_mass=self._adapt_mass,
+            preconditioner=self.preconditioner,
         )
-        return state._replace(scale=scale)
 
     def _precondition(self, model_args, model_kwargs, shapes):
         """Find the full-data mode and build L from the Hessian there (before
@@ -1841,165 +1768,50 @@ class _FamilyKernel(_SGKernel):
                 resolved[name] = _per_site(value, shapes, name)
         self._step_kwargs = resolved
         self._init_kwargs = {k: resolved[k] for k in self._INIT_ARGS}
-
-    def _to_x(self, z):
-        if self.preconditioner is None:
-            return z
-        return self.preconditioner.to_u(ravel_pytree(z)[0])
-
-    def _to_z(self, x, like):
-        if self.preconditioner is None:
-            return x
-        return ravel_pytree(like)[1](self.preconditioner.to_z(x))
-
-    # Without a preconditioner the family's position is z itself: the state keeps
-    # it once (aux.z is None there), so the loop carries and guards no copy.
-    def _aux_in(self, state):
-        if self.preconditioner is None:
-            return state.aux._replace(z=state.z)
-        return state.aux
-
-    def _aux_out(self, aux):
-        if self.preconditioner is None:
-            return aux._replace(z=None)
-        return aux
-
-    def _noise_step_bound(self, largest):
-        """The largest step the corrected variant allows at the largest noise sd
-        ``largest``: its injected variance ``eps (2 D - eps tau^2)`` keeps a fifth
-        of its margin (recipe paper, eq. 9: ``2 D >= eps B``); no bound without a
-        named diffusion. SGBD and SGLD bound ``tau * step`` instead."""
-        if self._NOISE_DIFFUSION is None:
-            return jnp.inf
-        diffusion = jnp.min(
-            jnp.stack(
-                [
-                    jnp.min(x)
-                    for x in jax.tree.leaves(self._step_kwargs[self._NOISE_DIFFUSION])
-                ]
-            )
-        )
-        return 1.6 * diffusion / largest**2
-
-    def _step_allowed(self, state):
-        """The target, lowered to the noise bound at the largest noise sd (in
-        v = u / s with re-estimated scales)."""
-        target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
-        if state.noise_sd is None:
-            return target
-        noise_sd = state.noise_sd
-        if state.scale is not None:  # the noise sd in v = u / s
-            noise_sd = noise_sd * state.scale.scale
-        largest = jnp.max(jnp.stack([jnp.max(x) for x in jax.tree.leaves(noise_sd)]))
-        return jnp.minimum(target, self._noise_step_bound(largest)).astype(target.dtype)
-
-    def _noise_tree(self, z, estimate_noise):
-        if estimate_noise is None:
-            return None
-        if self._init_noise_sd is None:
-            return estimate_noise
         if self.preconditioner is not None and isinstance(self._init_noise_sd, dict):
             raise ValueError(
                 "with a preconditioner the noise sd is in the whitened coordinates "
                 "u, which have no sites: give init_noise_sd as a scalar."
             )
-        if isinstance(self._init_noise_sd, dict):
-            return {
-                k: jnp.broadcast_to(
-                    jnp.asarray(self._init_noise_sd[k], jnp.result_type(float)),
-                    jnp.shape(v),
-                )
-                for k, v in z.items()
-            }
-        return jax.tree.map(
-            lambda x: jnp.full(
-                jnp.shape(x), self._init_noise_sd, jnp.result_type(float)
-            ),
-            estimate_noise,
+
+    def _noise_step_bound(self, largest):
+        """The largest step the noise allows at the largest noise sd ``largest``
+        (:func:`core.noise_step_bound`; SGBD and SGLD bound ``tau * step``)."""
+        return core.noise_step_bound(self._family(), largest)
+
+    def _family(self):
+        """The update family as the core's value (:class:`core.Family`), with the
+        hyperparameters ``_prepare`` validated."""
+        return core.Family(
+            init=self._family_init,
+            step=self._family_step,
+            state_type=self._state_type,
+            statistics=self._statistics,
+            variant=self._variant,
+            init_kwargs=self._init_kwargs,
+            step_kwargs=self._step_kwargs,
+            beta=self._beta,
+            init_noise_sd=self._init_noise_sd,
+            noise_diffusion=self._NOISE_DIFFUSION,
+            exact_nan_allowed=self._gradient_fn is not None,
+        )
+
+    def _kernel_fns(self):
+        """The core's ``(init_kernel, sample_kernel)`` for this kernel's family,
+        estimator and adaptation (:func:`core.build_kernel`)."""
+        return core.build_kernel(
+            self._family(),
+            self._estimator.estimate,
+            self._estimator.initial_centre,
+            self._adaptation(),
+            bound=lambda family, largest: self._noise_step_bound(largest),
         )
 
     def _init_state(self, rng_key, z, model_args, model_kwargs):
-        rng_key, key_est = random.split(rng_key)
-        centre = self._initial_centre(z, model_args, model_kwargs)
-        est = self._estimate(key_est, z, model_args, model_kwargs, centre)
-        noise_sd = self._noise_tree(z, est.noise_sd)
-        dtype = jnp.result_type(float)
-        nan = jnp.array(jnp.nan, dtype)
-        aux = self._family_init(
-            self._to_x(z), random.fold_in(key_est, 1), **self._init_kwargs
-        )
-        state = self._state_type(
-            i=jnp.array(0),
-            z=z,
-            z_grad=est.z_grad,
-            potential_energy_estimate=jnp.asarray(est.potential_energy, dtype),
-            noise_sd=noise_sd,
-            mean_noise_sd=nan if noise_sd is None else tree_mean(noise_sd),
-            tolerance_exceeded=nan,
-            **{name: nan for name in self._statistics},
-            num_nonfinite=jnp.array(0),
-            centre=centre,
-            rng_key=rng_key,
-            scale=self._initial_scale(ravel_pytree(z)[0]),
-            aux=self._aux_out(aux),
-        )
-        if self._step_size_arg is None:
-            state = state._replace(step_size=self._step_allowed(state))
-        return state
+        return self._kernel_fns()[0](rng_key, z, model_args, model_kwargs)
 
     def _sample_one(self, state, model_args, model_kwargs):
-        rng_key, key_move, key_est = random.split(state.rng_key, 3)
-        step = self._step(state)
-        if state.scale is not None:
-            # The rule in v = u / s is the rule in u with steps step * s: the
-            # Barker and Langevin moves act coordinate by coordinate, and the
-            # tolerance |w| < 1.702 / tau is the same statement in u and in v.
-            step = step * state.scale.scale
-        aux, info = self._family_step(
-            key_move,
-            self._aux_in(state),
-            state.z_grad,
-            step,
-            variant=self._variant,
-            noise_sd=state.noise_sd,
-            **self._step_kwargs,
-        )
-        z = self._to_z(aux.z, state.z)
-        est = self._estimate(key_est, z, model_args, model_kwargs, state.centre)
-        noise_sd, mean_noise_sd = state.noise_sd, state.mean_noise_sd
-        exceeded = state.tolerance_exceeded
-        if noise_sd is not None:
-            noise_sd = jax.tree.map(
-                lambda old, new: (1 - self._beta) * old + self._beta * new,
-                noise_sd,
-                est.noise_sd,
-            )
-            mean_noise_sd = tree_mean(noise_sd)
-            exceeded = jnp.asarray(info.noise_exceeded, exceeded.dtype)
-        dtype = mean_noise_sd.dtype
-        potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
-        ok = (
-            _finite_tree((z, aux, est.z_grad, noise_sd))
-            & _potential_ok(potential, self._gradient_fn is not None)
-            & (state.num_nonfinite == 0)
-        )
-        moved = state._replace(
-            i=state.i + 1,
-            z=z,
-            z_grad=est.z_grad,
-            potential_energy_estimate=potential,
-            noise_sd=noise_sd,
-            mean_noise_sd=mean_noise_sd,
-            tolerance_exceeded=exceeded,
-            **{
-                name: jnp.asarray(getattr(info, name), dtype)
-                for name in self._statistics
-            },
-            rng_key=rng_key,
-            aux=self._aux_out(aux),
-        )
-        moved = self._adapt_step(self._adapt_scale(moved))
-        return _guard(ok, moved, state, rng_key)
+        return self._kernel_fns()[1](state, model_args, model_kwargs)
 
     def _noise_bound(self, noise_sd, batch_ndim=0):
         """``(tau, value)`` for the corrected variant's bound ``step * tau^2 <= 2 *

@@ -19,16 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.initialization import init_to_uniform
 
+from numpyro_sgbd import core
 from numpyro_sgbd.estimators import _finite_tree
 from numpyro_sgbd.kernel import (
     SGState,
     _check_positive,
     _check_positive_tree,
     _FamilyKernel,
-    _guard,
     _has_tracer,
     _per_site,
-    _potential_ok,
     _SGKernel,
     _warn_on_host,
     family_state,
@@ -781,7 +780,7 @@ class NOGIN(_SGKernel):
     def _step_allowed(self, state):
         target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
         damping = state.noise_damping
-        step = self._step(state)
+        step = core.step_size(self._adaptation(), state)
         allowed = jnp.where(damping > 1.0, step / jnp.sqrt(damping), jnp.inf)
         return jnp.minimum(target, allowed).astype(target.dtype)
 
@@ -814,7 +813,7 @@ class NOGIN(_SGKernel):
             num_nonfinite=jnp.array(0),
             centre=centre,
             rng_key=rng_key,
-            scale=self._initial_scale(flat),
+            scale=core.initial_scale(self._adaptation(), flat),
         )
         if self._step_size_arg is None:
             state = state._replace(step_size=jnp.asarray(self._STEP_TARGET, flat.dtype))
@@ -826,7 +825,8 @@ class NOGIN(_SGKernel):
         the half-step position through the chain's estimator and centre."""
         rng_key, key_kick, key_est = random.split(state.rng_key, 3)
         flat, unravel = ravel_pytree(state.z)
-        pre = self.preconditioner
+        adaptation = self._adaptation()
+        pre = adaptation.preconditioner
 
         def estimate_fn(x):
             z = unravel(x if pre is None else pre.to_z(x))
@@ -838,7 +838,7 @@ class NOGIN(_SGKernel):
             key_kick,
             NOGINUpdateState(x, state.p),
             estimate_fn,
-            self._step(state),
+            core.step_size(adaptation, state),
             friction=self._friction,
             covariance=self._covariance,
             mass=self._mass_of(state),
@@ -850,7 +850,7 @@ class NOGIN(_SGKernel):
         potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
         ok = (
             _finite_tree((flat, aux.p, damping))
-            & _potential_ok(potential, self._gradient_fn is not None)
+            & core.potential_ok(potential, self._gradient_fn is not None)
             & (state.num_nonfinite == 0)
         )
         moved = state._replace(
@@ -862,13 +862,13 @@ class NOGIN(_SGKernel):
             noise_damping=damping,
             rng_key=rng_key,
         )
-        moved = self._adapt_scale(moved)
+        moved = core.adapt_scale(adaptation, moved)
         if state.scale is not None:
             # The momentum's law in v is unchanged by a new s: in u, p ~ N(0,
             # mass / (beta s^2)), so p moves with s_old / s_new.
             moved = moved._replace(p=moved.p * state.scale.scale / moved.scale.scale)
-        moved = self._adapt_step(moved)
-        return _guard(ok, moved, state, rng_key)
+        moved = core.adapt_step(adaptation, moved, self._step_allowed)
+        return core.guard(ok, moved, state, rng_key)
 
     def sample(self, state, model_args, model_kwargs):
         new_state = super().sample(state, model_args, model_kwargs)

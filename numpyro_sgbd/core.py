@@ -1,0 +1,367 @@
+"""The functional core of the SG kernels: pure, jittable ``(init_kernel,
+sample_kernel)`` built from an update family, a gradient estimator and the warmup
+adaptation, as NumPyro's ``hmc()`` builds its pair under the ``HMC`` class and
+BlackJAX's ``build_kernel`` takes its gradient estimator as a function.
+
+The pieces are values, fixed before compiling:
+
+- :class:`Family`: the pure rule of :mod:`numpyro_sgbd.updates` (its ``init`` and
+  ``step``), its state type, variant and hyperparameters;
+- ``estimate(rng_key, z, model_args, model_kwargs, centre)`` and
+  ``initial_centre(z, model_args, model_kwargs)``: the gradient estimator
+  (:mod:`numpyro_sgbd.estimators`);
+- :class:`Adaptation`: the warmup schedule of the step size and of the scales of
+  the whitened coordinates u (SPEC, "Warmup adaptation"), with the preconditioner
+  ``z = z_hat + L u`` (:mod:`numpyro_sgbd.preconditioning`) or ``None``.
+
+:func:`build_kernel` closes over them; the :class:`~numpyro.infer.mcmc.MCMCKernel`
+classes (:mod:`numpyro_sgbd.kernel`) are the glue that prepares these values from a
+model and hands NumPyro the pair. The adaptation's pieces (:func:`adapt_step`,
+:func:`adapt_scale`) and the non-finite :func:`guard` serve every kernel,
+NOGIN's included.
+"""
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+from jax import random
+from jax.flatten_util import ravel_pytree
+import jax.numpy as jnp
+
+from numpyro_sgbd import preconditioning
+from numpyro_sgbd.estimators import _finite_tree
+from numpyro_sgbd.updates._tree import tree_mean
+
+__all__ = [
+    "Adaptation",
+    "Family",
+    "adapt_scale",
+    "adapt_step",
+    "build_kernel",
+    "guard",
+    "potential_ok",
+    "step_size",
+]
+
+
+class Adaptation(NamedTuple):
+    """What warmup adapts and how, fixed before compiling.
+
+    :ivar int num_warmup: warmup steps (SG steps, not samples).
+    :ivar tuple scale_windows: ``(start, ends)`` of the scale windows
+        (:func:`~numpyro_sgbd.preconditioning.scale_windows`); ``ends`` empty
+        when the scales are not re-estimated.
+    :ivar float step_target: the step in u that an adapted step starts from and
+        never exceeds.
+    :ivar float sampling_fraction: the sampling step as a fraction of the step
+        warmup ends with.
+    :ivar scale_max: the largest scale s the windows may set (``None``: no bound).
+    :ivar fixed_step: the given step size (per site without a preconditioner, a
+        scalar in u with one), or ``None`` when the step is adapted (it is then
+        the state's ``step_size``).
+    :ivar bool adapt_mass: whether the state carries re-estimated scales.
+    :ivar preconditioner: the
+        :class:`~numpyro_sgbd.preconditioning.Preconditioner`, or ``None``.
+    """
+
+    num_warmup: int
+    scale_windows: tuple
+    step_target: float
+    sampling_fraction: float
+    scale_max: Any
+    fixed_step: Any
+    adapt_mass: bool
+    preconditioner: Any
+
+
+class Family(NamedTuple):
+    """A pure update family and its hyperparameters, fixed before compiling.
+
+    :ivar init: ``init(x, rng_key, **init_kwargs) -> aux``, the family's state at
+        position x (z's pytree without a preconditioner, the flat u with one).
+    :ivar step: ``step(rng_key, aux, z_grad, step_size, *, variant, noise_sd,
+        **step_kwargs) -> (aux, info)``, one move given the gradient estimate at
+        ``aux.z``; ``info.noise_exceeded`` is the fraction of coordinates outside
+        the corrected variant's tolerance, and ``info`` holds the sampler's
+        statistics by name.
+    :ivar state_type: the kernel's state (:func:`~numpyro_sgbd.kernel.family_state`).
+    :ivar tuple statistics: the sampler's own per-draw statistics, by name.
+    :ivar str variant: ``"vanilla"``, ``"corrected"`` or ``"extreme"``.
+    :ivar dict init_kwargs: the hyperparameters ``init`` takes.
+    :ivar dict step_kwargs: the hyperparameters ``step`` takes.
+    :ivar float beta: the weight of a new noise estimate in the moving average.
+    :ivar init_noise_sd: the noise sd to start from (a scalar, a dict of sites,
+        or ``None``: the first estimate's).
+    :ivar noise_diffusion: the name of the hyperparameter D whose injected
+        variance ``eps (2 D - eps tau^2)`` the corrected variant keeps positive
+        (recipe paper, eq. 9), or ``None``.
+    :ivar bool exact_nan_allowed: whether a NaN potential estimate is acceptable
+        (a ``gradient_fn`` that gives none).
+    """
+
+    init: Callable
+    step: Callable
+    state_type: type
+    statistics: tuple
+    variant: str
+    init_kwargs: dict
+    step_kwargs: dict
+    beta: float
+    init_noise_sd: Any
+    noise_diffusion: Any
+    exact_nan_allowed: bool
+
+
+# ------------------------------------------------------------------ adaptation
+def step_size(adaptation, state):
+    """The step size of this chain's next move: the given one, or the state's."""
+    return adaptation.fixed_step if state.step_size is None else state.step_size
+
+
+def initial_scale(adaptation, flat):
+    """The state's :class:`~numpyro_sgbd.preconditioning.ScaleAdaptation` at the
+    start (s = 1), or ``None`` when the scales are not re-estimated."""
+    if not adaptation.adapt_mass:
+        return None
+    return preconditioning.scale_init(flat.shape[-1], flat.dtype)
+
+
+def adapt_step(adaptation, state, allowed):
+    """The chain's next step size: during the first half of warmup (or until the
+    scale windows close, if later) the step the noise allows now,
+    ``allowed(state)``; then the smallest such step seen since; at the end of
+    warmup that step times the sampling fraction, fixed from then on, so the
+    sampling chain is time-homogeneous. A given step is left alone."""
+    if state.step_size is None:
+        return state
+    num_warmup = adaptation.num_warmup
+    now = allowed(state)
+    half = max(num_warmup // 2, max(adaptation.scale_windows[1], default=0))
+    step = jnp.where(
+        state.i <= half,
+        now,
+        jnp.where(
+            state.i <= num_warmup,
+            jnp.minimum(state.step_size, now),
+            state.step_size,
+        ),
+    )
+    if adaptation.sampling_fraction != 1.0:  # once, as warmup's last state forms
+        step = jnp.where(
+            state.i == num_warmup, step * adaptation.sampling_fraction, step
+        )
+    return state._replace(step_size=step.astype(state.step_size.dtype))
+
+
+def adapt_scale(adaptation, state):
+    """Add this draw, in u, to the open scale window and re-estimate s where a
+    window closes (:func:`~numpyro_sgbd.preconditioning.scale_update`); past the
+    last window nothing is computed (for one chain: vectorized chains evaluate
+    both branches)."""
+    start, ends = adaptation.scale_windows
+    if state.scale is None or not ends:
+        return state
+    pre, scale_max = adaptation.preconditioner, adaptation.scale_max
+
+    def update(adapt, z, i):
+        u = pre.to_u(ravel_pytree(z)[0])
+        new = preconditioning.scale_update(adapt, u, i, start, ends)
+        if scale_max is None:
+            return new
+        return new._replace(scale=jnp.minimum(new.scale, scale_max))
+
+    scale = jax.lax.cond(
+        state.i <= ends[-1],
+        update,
+        lambda adapt, z, i: adapt,
+        state.scale,
+        state.z,
+        state.i,
+    )
+    return state._replace(scale=scale)
+
+
+def guard(ok, moved, state, rng_key):
+    """The one non-finite guard of every kernel: ``moved`` where ``ok``; else the
+    chain stays at ``state``, counts the refused step in ``num_nonfinite`` and
+    takes the new key (a stopped chain stays stopped: ``ok`` includes
+    ``state.num_nonfinite == 0``)."""
+    stopped = state._replace(
+        i=state.i + 1, num_nonfinite=state.num_nonfinite + 1, rng_key=rng_key
+    )
+    return jax.tree.map(lambda a, b: jnp.where(ok, a, b), moved, stopped)
+
+
+def potential_ok(potential, exact_nan_allowed):
+    """A potential estimate is acceptable when finite, or NaN from a
+    ``gradient_fn`` that gives none."""
+    return jnp.isfinite(potential) | jnp.isnan(potential) & exact_nan_allowed
+
+
+# ---------------------------------------------------------------- the family
+def noise_step_bound(family, largest):
+    """The largest step the corrected variant allows at the largest noise sd
+    ``largest``: its injected variance ``eps (2 D - eps tau^2)`` keeps a fifth of
+    its margin (recipe paper, eq. 9: ``2 D >= eps B``); no bound without a named
+    diffusion. SGBD and SGLD bound ``tau * step`` instead (their own
+    ``step_allowed``)."""
+    if family.noise_diffusion is None:
+        return jnp.inf
+    diffusion = jnp.min(
+        jnp.stack(
+            [
+                jnp.min(x)
+                for x in jax.tree.leaves(family.step_kwargs[family.noise_diffusion])
+            ]
+        )
+    )
+    return 1.6 * diffusion / largest**2
+
+
+def step_allowed(family, adaptation, state, bound=noise_step_bound):
+    """The step target, lowered to ``bound(family, largest noise sd)`` (in
+    v = u / s with re-estimated scales)."""
+    target = jnp.asarray(adaptation.step_target, jnp.result_type(float))
+    if state.noise_sd is None:
+        return target
+    noise_sd = state.noise_sd
+    if state.scale is not None:  # the noise sd in v = u / s
+        noise_sd = noise_sd * state.scale.scale
+    largest = jnp.max(jnp.stack([jnp.max(x) for x in jax.tree.leaves(noise_sd)]))
+    return jnp.minimum(target, bound(family, largest)).astype(target.dtype)
+
+
+def _initial_noise(family, z, estimate_noise):
+    """The state's noise sd at the start: ``init_noise_sd`` where given (a
+    scalar, or per site without a preconditioner), else the first estimate's."""
+    given = family.init_noise_sd
+    if estimate_noise is None:
+        return None
+    if given is None:
+        return estimate_noise
+    if isinstance(given, dict):
+        return {
+            k: jnp.broadcast_to(
+                jnp.asarray(given[k], jnp.result_type(float)), jnp.shape(v)
+            )
+            for k, v in z.items()
+        }
+    return jax.tree.map(
+        lambda x: jnp.full(jnp.shape(x), given, jnp.result_type(float)),
+        estimate_noise,
+    )
+
+
+def build_kernel(family, estimate, initial_centre, adaptation, bound=noise_step_bound):
+    """``(init_kernel, sample_kernel)`` for one chain of ``family``'s rule with
+    gradients from ``estimate`` and warmup by ``adaptation``.
+
+    ``init_kernel(rng_key, z, model_args, model_kwargs) -> state`` and
+    ``sample_kernel(state, model_args, model_kwargs) -> state`` are pure and
+    jittable (``jax.vmap`` them for vectorized chains). The position x the family
+    moves is z's pytree without a preconditioner and the flat u with one, where
+    ``z_grad`` and ``noise_sd`` come in the same form. With re-estimated scales s
+    the step is ``step_size * s`` per coordinate of u: the rule in v = u / s for
+    the coordinate-wise rules. ``bound(family, largest noise sd)`` is the largest
+    step the noise allows (:func:`noise_step_bound` by default).
+    """
+    pre = adaptation.preconditioner
+    dtype = jnp.result_type(float)
+
+    def allowed(state):
+        return step_allowed(family, adaptation, state, bound)
+
+    def to_x(z):
+        return z if pre is None else pre.to_u(ravel_pytree(z)[0])
+
+    def to_z(x, like):
+        return x if pre is None else ravel_pytree(like)[1](pre.to_z(x))
+
+    # Without a preconditioner the family's position is z itself: the state keeps
+    # it once (aux.z is None there), so the loop carries and guards no copy.
+    def aux_in(state):
+        return state.aux._replace(z=state.z) if pre is None else state.aux
+
+    def aux_out(aux):
+        return aux._replace(z=None) if pre is None else aux
+
+    def init_kernel(rng_key, z, model_args, model_kwargs):
+        rng_key, key_est = random.split(rng_key)
+        centre = initial_centre(z, model_args, model_kwargs)
+        est = estimate(key_est, z, model_args, model_kwargs, centre)
+        noise_sd = _initial_noise(family, z, est.noise_sd)
+        nan = jnp.array(jnp.nan, dtype)
+        aux = family.init(to_x(z), random.fold_in(key_est, 1), **family.init_kwargs)
+        state = family.state_type(
+            i=jnp.array(0),
+            z=z,
+            z_grad=est.z_grad,
+            potential_energy_estimate=jnp.asarray(est.potential_energy, dtype),
+            noise_sd=noise_sd,
+            mean_noise_sd=nan if noise_sd is None else tree_mean(noise_sd),
+            tolerance_exceeded=nan,
+            **{name: nan for name in family.statistics},
+            num_nonfinite=jnp.array(0),
+            centre=centre,
+            rng_key=rng_key,
+            scale=initial_scale(adaptation, ravel_pytree(z)[0]),
+            aux=aux_out(aux),
+        )
+        if adaptation.fixed_step is None:
+            state = state._replace(step_size=allowed(state))
+        return state
+
+    def sample_kernel(state, model_args, model_kwargs):
+        rng_key, key_move, key_est = random.split(state.rng_key, 3)
+        step = step_size(adaptation, state)
+        if state.scale is not None:
+            # The rule in v = u / s is the rule in u with steps step * s: the
+            # Barker and Langevin moves act coordinate by coordinate, and the
+            # tolerance |w| < 1.702 / tau is the same statement in u and in v.
+            step = step * state.scale.scale
+        aux, info = family.step(
+            key_move,
+            aux_in(state),
+            state.z_grad,
+            step,
+            variant=family.variant,
+            noise_sd=state.noise_sd,
+            **family.step_kwargs,
+        )
+        z = to_z(aux.z, state.z)
+        est = estimate(key_est, z, model_args, model_kwargs, state.centre)
+        noise_sd, mean_noise_sd = state.noise_sd, state.mean_noise_sd
+        exceeded = state.tolerance_exceeded
+        if noise_sd is not None:
+            beta = family.beta
+            noise_sd = jax.tree.map(
+                lambda old, new: (1 - beta) * old + beta * new, noise_sd, est.noise_sd
+            )
+            mean_noise_sd = tree_mean(noise_sd)
+            exceeded = jnp.asarray(info.noise_exceeded, exceeded.dtype)
+        stat_dtype = mean_noise_sd.dtype
+        potential = jnp.asarray(est.potential_energy, dtype)
+        ok = (
+            _finite_tree((z, aux, est.z_grad, noise_sd))
+            & potential_ok(potential, family.exact_nan_allowed)
+            & (state.num_nonfinite == 0)
+        )
+        moved = state._replace(
+            i=state.i + 1,
+            z=z,
+            z_grad=est.z_grad,
+            potential_energy_estimate=potential,
+            noise_sd=noise_sd,
+            mean_noise_sd=mean_noise_sd,
+            tolerance_exceeded=exceeded,
+            **{
+                name: jnp.asarray(getattr(info, name), stat_dtype)
+                for name in family.statistics
+            },
+            rng_key=rng_key,
+            aux=aux_out(aux),
+        )
+        moved = adapt_step(adaptation, adapt_scale(adaptation, moved), allowed)
+        return guard(ok, moved, state, rng_key)
+
+    return init_kernel, sample_kernel
