@@ -44,17 +44,9 @@ from numpyro_sgbd.estimators import (
     as_jax_arrays,
     jit_once,
     split_arrays,
-    unconstrained_centre,
 )
 from numpyro_sgbd.handlers import SubsamplePlates, sample_trace
-from numpyro_sgbd.modes import (
-    check_mode,
-    find_mode,
-    full_data_objective,
-    mode_hessian,
-    public_info,
-    search_centre,
-)
+from numpyro_sgbd.setup import Setup, dimension, find_centre, find_preconditioner
 from numpyro_sgbd.sharding import any_sharded, data_sharding
 from numpyro_sgbd.validation import (
     check_plate_data,
@@ -652,24 +644,13 @@ class _SGKernel(MCMCKernel):
         # (start, ends) of the scale windows for this run's num_warmup; see
         # preconditioning.scale_windows.
         self._scale_windows = (0, ())
-        #: The change of variables z = z_hat + L u, built by ``init``
-        #: (:class:`~numpyro_sgbd.preconditioning.Preconditioner`), or ``None``.
-        self.preconditioner = None
-        #: After ``init`` with a preconditioner or ``step_size=None``: the mode
-        #: search's report, L's form, memory and cost, and the step size's target.
-        self.adaptation_info = None
-        self._mode = None
-        self._mode_value_grad = None
-        self._preconditioner_cache = None
+        # What `init` finds from the model and its data: see `setup`.
+        self._setup = Setup()
         self._batched = False
         self._gradient_arg = gradient
         self._gradient = gradient
         self._centre_arg = centre
         self._chunk_size = chunk_size
-        self._centre_cache = None
-        #: After ``init`` with ``gradient="control_variates"``: the first centre
-        #: (unconstrained, by site), how it was found, and the search's report.
-        self.centre_info = None
         self._model = model
         self._potential_fn = potential_fn
         self._gradient_fn = gradient_fn
@@ -774,85 +755,71 @@ class _SGKernel(MCMCKernel):
             preconditioner=self.preconditioner,
         )
 
-    def _precondition(self, model_args, model_kwargs, shapes):
+    def _precondition(self, model_args, model_kwargs, shapes, data):
         """Find the full-data mode and build L from the Hessian there (before
-        compiling); log and record what it cost."""
-        d = sum(int(np.prod(shape)) for shape in shapes.values())
-        form = self._preconditioner_arg
-        why = "as given"
-        if form == "auto":
-            form, why = preconditioning.choose_preconditioner(d)
-        if form == "dense":
-            preconditioning.check_dense(d)
-        start = time.perf_counter()
-        objective = full_data_objective(
-            self._model, model_args, model_kwargs, chunk_size=self._chunk_size
+        compiling, :func:`~numpyro_sgbd.setup.find_preconditioner`): a new set-up
+        for ``data``."""
+        pre, mode, value_grad, report = find_preconditioner(
+            self._model,
+            model_args,
+            model_kwargs,
+            dimension(shapes),
+            self._preconditioner_arg,
+            who=type(self).__name__,
+            chunk_size=self._chunk_size,
         )
-        what = f"{type(self).__name__}'s start and preconditioner"
-        mode, info = find_mode(objective, what=what)
-        check_mode(
-            info,
-            objective.unravel,
-            what,
-            "Pass init_params and a step_size (without a preconditioner), or "
-            "check the model's priors.",
-            stacklevel=7,
+        info = {k: v for k, v in report.items() if k != "mode_search"}
+        info.update(
+            step_target=self._STEP_TARGET,
+            sampling_fraction=self._SAMPLING_FRACTION,
+            adapt_mass_matrix=self._adapt_mass,
+            mode_search=report["mode_search"],
         )
-        searched = time.perf_counter()
-        if form == "dense":
-            pre = preconditioning.dense(mode, mode_hessian(objective, mode, info))
-        elif form == "lowrank":
-            pre = preconditioning.lowrank(
-                mode, info["hessian_diag"], lambda v: objective.hvp(mode, v)
-            )
-        else:
-            pre = preconditioning.diagonal(mode, info["hessian_diag"])
-        seconds = time.perf_counter() - start
-        self.preconditioner = pre
-        self._mode = objective.unravel(mode)
-        # U and grad U at the mode, from the search's last evaluation: the
-        # control variates' centre is this mode, and needs no pass of its own.
-        self._mode_value_grad = (
-            jnp.asarray(info["potential"], mode.dtype),
-            objective.unravel(jnp.asarray(info["gradient"], mode.dtype)),
-        )
-        report = public_info(info)
-        self.adaptation_info = {
-            "preconditioner": form,
-            "why": why,
-            "preconditioner_bytes": pre.nbytes,
-            "mode_seconds": searched - start,
-            "preconditioner_seconds": seconds - (searched - start),
-            "seconds": seconds,
-            "step_target": self._STEP_TARGET,
-            "sampling_fraction": self._SAMPLING_FRACTION,
-            "adapt_mass_matrix": self._adapt_mass,
-            "mode_search": report,
-        }
-        logger.info(
-            "%s: preconditioner=%r (%s), %.1f MiB, mode search %.2f s, L %.2f s.",
-            type(self).__name__,
-            form,
-            why,
-            pre.nbytes / 2**20,
-            searched - start,
-            seconds - (searched - start),
+        self._setup = Setup(
+            data=data,
+            preconditioner=pre,
+            mode=mode,
+            mode_value_grad=value_grad,
+            adaptation_info=info,
         )
 
-    def _adopt_setup(self, other):
-        """Take ``other``'s mode, preconditioner and control-variate centre (what
-        ``init`` computed from the same data), so that this kernel's ``init`` on
-        those data searches for none of them again. For kernels of one model
-        that differ in the sampler, its hyperparameters or a plate's subsample
-        size (the full-data mode and gradient do not depend on those)."""
-        self._preconditioner_cache = other._preconditioner_cache
-        self.preconditioner = other.preconditioner
-        self._mode = other._mode
-        self._mode_value_grad = other._mode_value_grad
-        self.adaptation_info = other.adaptation_info
-        self._centre_cache = other._centre_cache
-        self.centre_info = other.centre_info
+    @property
+    def setup(self):
+        """What ``init`` found from the model and its data, as one immutable
+        :class:`~numpyro_sgbd.setup.Setup` (the mode, the preconditioner, the
+        control variates' centre); every field ``None`` before ``init``."""
+        return self._setup
+
+    def use_setup(self, setup):
+        """Use ``setup`` (another kernel's :attr:`setup`, found from the same data)
+        so that ``init`` on those data searches for none of it again. For kernels
+        of one model that differ in the sampler, its hyperparameters or a plate's
+        subsample size: the full-data mode and gradient do not depend on those."""
+        if not isinstance(setup, Setup):
+            raise TypeError(
+                "use_setup takes another kernel's .setup (a numpyro_sgbd.setup."
+                f"Setup), got {type(setup).__name__}."
+            )
+        self._setup = setup
         self._init_fns = {}
+
+    @property
+    def preconditioner(self):
+        """The change of variables z = z_hat + L u, built by ``init``
+        (:class:`~numpyro_sgbd.preconditioning.Preconditioner`), or ``None``."""
+        return self._setup.preconditioner
+
+    @property
+    def adaptation_info(self):
+        """After ``init`` with a preconditioner or ``step_size=None``: the mode
+        search's report, L's form, memory and cost, and the step size's target."""
+        return self._setup.adaptation_info
+
+    @property
+    def centre_info(self):
+        """After ``init`` with ``gradient="control_variates"``: the first centre
+        (unconstrained, by site), how it was found, and the search's report."""
+        return self._setup.centre_info
 
     def _check_probe(self, probe, one_z):
         """Validate the shapes of a gradient estimate (before compiling)."""
@@ -921,8 +888,8 @@ class _SGKernel(MCMCKernel):
         )
         if self._preconditioner_arg != "none":
             key, arrays = _args_key(model_args, model_kwargs)
-            cached = self._preconditioner_cache
-            if cached is None or cached[0] != key:
+            data = self._setup.data
+            if data is None or data[0] != key:
                 if _has_tracer((model_args, model_kwargs)):
                     raise ValueError(
                         "step_size=None (or a preconditioner) searches for the "
@@ -931,8 +898,7 @@ class _SGKernel(MCMCKernel):
                         "transform). Give step_size with preconditioner='none', or "
                         "run MCMC outside the transform."
                     )
-                self._precondition(model_args, model_kwargs, shapes)
-                self._preconditioner_cache = (key, arrays)
+                self._precondition(model_args, model_kwargs, shapes, (key, arrays))
         self._estimator = MinibatchEstimator(
             self._model,
             self._plates,
@@ -969,7 +935,9 @@ class _SGKernel(MCMCKernel):
         if self._centre_arg is None and self._recentre_every is not None:
             # Re-centring from each chain's initial position: no search; the
             # centres live in the state.
-            self.centre_info = {"centre": None, "source": "initial position"}
+            self._setup = self._setup._replace(
+                centre_info={"centre": None, "source": "initial position"}
+            )
             centre = potential = grad = None
         else:
             centre, potential, grad = self._fixed_centre(
@@ -986,58 +954,38 @@ class _SGKernel(MCMCKernel):
 
     def _fixed_centre(self, plain, shapes, model_args, model_kwargs):
         """The given or searched centre with the full-data potential and gradient
-        there, cached per dataset."""
+        there (:func:`~numpyro_sgbd.setup.find_centre`), kept in the set-up per
+        dataset."""
         key, arrays = _args_key(model_args, model_kwargs)
-        cached = self._centre_cache
+        cached = self._setup.centre
         if cached is not None and cached[0] == key:
-            centre, potential, grad = cached[2]
-        else:
-
-            def full(centre):  # a pass over the data at the centre, compiled
-                return plain.full_data_fn(
-                    model_args, model_kwargs, chunk_size=self._chunk_size
-                )(centre)
-
-            if self._centre_arg is not None:
-                # A concrete trace: the sites' supports, which may hold arrays.
-                trace = sample_trace(self._model, model_args, model_kwargs)
-                centre = unconstrained_centre(self._centre_arg, trace, shapes)
-                start = time.perf_counter()
-                potential, grad = full(centre)
-                self.centre_info = {
-                    "centre": centre,
-                    "source": "given",
-                    "seconds": time.perf_counter() - start,
-                }
-            else:
-                if _has_tracer((model_args, model_kwargs)):
-                    raise ValueError(
-                        "gradient='control_variates' searches for its centre with "
-                        "the data in hand, but the model arguments are traced (the "
-                        "kernel runs inside jax.jit or another transform). Pass "
-                        "centre={site: value} (e.g. posterior_mode(model, "
-                        "*args).params) or run MCMC outside the transform."
-                    )
-                if self._mode is not None:  # found for the preconditioner
-                    centre = self._mode
-                    self.centre_info = {
-                        "centre": centre,
-                        "source": "Newton-CG",
-                        **self.adaptation_info["mode_search"],
-                    }
-                    potential, grad = self._mode_value_grad
-                    grad = plain._pull(grad)[0]
-                else:
-                    centre, self.centre_info = search_centre(
-                        self._model, model_args, model_kwargs, self._chunk_size
-                    )
-                    potential, grad = full(centre)
-            if _has_tracer((potential, grad)):
-                return centre, potential, grad
-            self._centre_cache = (key, arrays, (centre, potential, grad))
-            # The compiled initial-state function holds the old centre.
-            self._init_fns = {}
-        return centre, potential, grad
+            return cached[2]
+        if self._centre_arg is None and _has_tracer((model_args, model_kwargs)):
+            raise ValueError(
+                "gradient='control_variates' searches for its centre with "
+                "the data in hand, but the model arguments are traced (the "
+                "kernel runs inside jax.jit or another transform). Pass "
+                "centre={site: value} (e.g. posterior_mode(model, "
+                "*args).params) or run MCMC outside the transform."
+            )
+        centre, potential, grad, info = find_centre(
+            self._setup,
+            plain,
+            self._model,
+            model_args,
+            model_kwargs,
+            shapes,
+            self._centre_arg,
+            self._chunk_size,
+        )
+        self._setup = self._setup._replace(centre_info=info)
+        if _has_tracer((potential, grad)):
+            return centre, potential, grad
+        found = (centre, potential, grad)
+        self._setup = self._setup._replace(centre=(key, arrays, found))
+        # The compiled initial-state function holds the old centre.
+        self._init_fns = {}
+        return found
 
     # ------------------------------------------------------------- re-centring
     def _initial_centre(self, z, model_args, model_kwargs):
@@ -1120,11 +1068,12 @@ class _SGKernel(MCMCKernel):
         the split and the draw compiled five programs (a threefry normal among
         them), 0.2 to 0.5 s of a fresh run."""
         pre = self.preconditioner
-        cache_key = (pre.form, batched, jax.tree.structure(self._mode)) + tuple(
-            (jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(self._mode)
+        cache_key = (pre.form, batched, jax.tree.structure(self._setup.mode)) + tuple(
+            (jnp.shape(x), jnp.result_type(x))
+            for x in jax.tree.leaves(self._setup.mode)
         )
         if self._start_fn is None or self._start_fn[0] != cache_key:
-            unravel = ravel_pytree(self._mode)[1]
+            unravel = ravel_pytree(self._setup.mode)[1]
 
             def start(rng_key, arrays):
                 pre = preconditioning.Preconditioner(cache_key[0], *arrays)
@@ -1587,8 +1536,7 @@ class _SGKernel(MCMCKernel):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_sample_impl"] = None
-        state["_centre_cache"] = None
-        state["_preconditioner_cache"] = None
+        state["_setup"] = self._setup.for_pickling()
         state["_drift_points"] = []
         state["_convergence_check"] = None
         state["_init_fns"] = {}

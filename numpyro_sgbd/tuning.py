@@ -534,7 +534,7 @@ def tune(
             options["adapt_mass_matrix"] = False
         arm_model = model if n is None else subsample_size(model, {plate: n})
         kernel = factory(arm_model, **options)
-        kernel._adopt_setup(source)
+        kernel.use_setup(source.setup)
         for a in members:
             kernels[a] = kernel
         programs = {}  # by number of chains, shared by the kernel's groups
@@ -840,5 +840,5 @@ def _winner_kernel(factory, arm, tuned, model, plate, form, chunk_size):
     if arm.subsample_size is not None:
         model = subsample_size(model, {plate: arm.subsample_size})
     kernel = factory(model, **options)
-    kernel._adopt_setup(tuned)
+    kernel.use_setup(tuned.setup)
     return kernel

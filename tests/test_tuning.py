@@ -238,7 +238,7 @@ def test_an_sghmc_arm_that_breaks_the_noise_bound_is_reported(y):
         gradient="minibatch",
         preconditioner=result.kernel.preconditioner.form,
     )
-    kernel._adopt_setup(result.kernel)
+    kernel.use_setup(result.kernel.setup)
     with pytest.raises(ValueError, match="recipe paper, eq. 9"):
         kernel.init(jax.random.key(0), 0, None, (y,), {})
 
