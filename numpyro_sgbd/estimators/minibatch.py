@@ -10,7 +10,6 @@ import jax.numpy as jnp
 from numpyro.handlers import substitute
 from numpyro.infer.util import _unconstrain_reparam, log_density
 
-from numpyro_sgbd._gathered import gathered_rows, trace_gathers
 from numpyro_sgbd.estimators.base import Estimator, GradientEstimate
 from numpyro_sgbd.estimators.compiled import as_jax_arrays, split_arrays
 from numpyro_sgbd.estimators.indices import (
@@ -19,10 +18,11 @@ from numpyro_sgbd.estimators.indices import (
     resolve_replace,
 )
 from numpyro_sgbd.estimators.rows import (
-    GatheredRows,
     StreamedRows,
     _flat_size,
     _largest_divisor,
+    gathered_stream,
+    noise_statistics,
 )
 from numpyro_sgbd.handlers import fix_plates, shard_local
 
@@ -191,27 +191,7 @@ class MinibatchEstimator(Estimator):
         if not with_terms or not self.plates:
             return -log_joint, None
         ((name, _),) = self.plates.items()
-        n = jnp.shape(indices[name])[0]
-        per_datum = jnp.zeros((n,))
-        for site in trace.values():
-            if site["type"] != "sample" or not site["is_observed"]:
-                continue
-            frame = next((f for f in site["cond_indep_stack"] if f.name == name), None)
-            if frame is None:
-                continue
-            lp = site["fn"].log_prob(site["value"])
-            if site["scale"] is not None:
-                lp = site["scale"] * lp
-            axis = jnp.ndim(lp) + frame.dim
-            if axis < 0 or jnp.shape(lp)[axis] != n:
-                raise ValueError(
-                    f"Observed site '{site['name']}' in plate '{name}' has log-density "
-                    f"shape {jnp.shape(lp)} without the plate's dimension {frame.dim}; "
-                    "cannot form per-datum gradients."
-                )
-            lp = jnp.moveaxis(lp, axis, 0).reshape(n, -1).sum(-1)
-            per_datum = per_datum + lp
-        return -log_joint, per_datum
+        return -log_joint, _plate_terms(trace, name, jnp.shape(indices[name])[0])
 
     def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
@@ -291,7 +271,11 @@ class MinibatchEstimator(Estimator):
                 return one[1][0] / n
 
             value, grad = jax.value_and_grad(lambda z: fn(z, with_terms=False)[0])(z)
-            gathered = self._gathered_rows(term, z, indices[name], chunk)
+            # A pullback mixes the coordinates: the gradients in u are dense.
+            gathered = None
+            if self.pullback is None:
+                budget = self._row_budget()
+                gathered = gathered_stream(term, z, indices[name], chunk, budget)
             if gathered is not None:
                 return value, grad, gathered
 
@@ -326,43 +310,6 @@ class MinibatchEstimator(Estimator):
         per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
         return jnp.mean(values), grad, per_datum_grads
 
-    def _gathered_rows(self, term, z, indices, chunk):
-        """``term``'s gradients on the data ``indices`` as :class:`StreamedRows`
-        whose chunks are :class:`GatheredRows`, as many rows a chunk as
-        :attr:`row_budget` allows; or ``None`` where that does not apply: no leaf
-        is read through one gather, a chunk would be no larger than ``chunk``
-        (the dense rows'), or a pullback mixes the coordinates (then the
-        gradients in u are dense)."""
-        if self.pullback is not None:
-            return None
-        leaves, treedef = jax.tree.flatten(z)
-        plan = trace_gathers(
-            lambda leaves, i: term(jax.tree.unflatten(treedef, leaves), i),
-            leaves,
-            indices[0],
-        )
-        if plan is None:
-            return None
-        per_row = _flat_size(
-            [x for j, x in enumerate(leaves) if j not in plan.gathers]
-        ) + sum(2 * eqn.outvars[0].aval.size for eqn in plan.gathers.values())
-        rows = _largest_divisor(jnp.shape(indices)[0], self._row_budget() // per_row)
-        if rows <= chunk:
-            return None
-        shapes = [
-            jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves
-        ]
-
-        def fn(idx):
-            parts = gathered_rows(plan, leaves, idx)
-            return GatheredRows(treedef, shapes, plan.gathers, *parts)
-
-        try:  # the program re-evaluated equation by equation, as traced
-            jax.eval_shape(partial(gathered_rows, plan, leaves), indices[:rows])
-        except Exception:  # an equation that cannot be re-bound: dense rows
-            return None
-        return StreamedRows(fn, indices, rows)
-
     def summarise(self, value, grad, per_datum_grads, axis_name=None):
         """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
         noise statistics of the n per-datum gradients (rows of
@@ -387,27 +334,9 @@ class MinibatchEstimator(Estimator):
             return GradientEstimate(grad, jax.tree.map(jnp.zeros_like, grad), value)
         ((size, n, _),) = self.plates.values()
         factor = noise_variance_factor(size, n, replace=self.replace)
-        if isinstance(per_datum_grads, StreamedRows):
-            _, m2 = per_datum_grads.moments()
-            variance = jax.tree.map(lambda v: v / (n - 1), m2)
-        else:
-            variance = jax.tree.map(lambda g: jnp.var(g, 0, ddof=1), per_datum_grads)
-        variance = total(jax.tree.map(lambda v: factor * v, variance))
-        noise_sd = jax.tree.map(jnp.sqrt, variance)
-        if self.covariance is None:
-            return GradientEstimate(grad, noise_sd, value)
-        if self.covariance == "diag":
-            # In ravel_pytree's order, as the rows' columns.
-            cov = jnp.concatenate([v.reshape(-1) for v in jax.tree.leaves(variance)])
-        else:
-            flat = jnp.concatenate(
-                [g.reshape(n, -1) for g in jax.tree.leaves(per_datum_grads)], axis=1
-            )  # (n, d), columns in ravel_pytree's order
-            cov = jnp.sqrt(factor / (n - 1)) * (flat - flat.mean(0)).T  # C, (d, n)
-            if self.covariance == "full":
-                cov = total(cov @ cov.T)
-            else:
-                cov = gather(cov)
+        noise_sd, cov = noise_statistics(
+            per_datum_grads, n, factor, self.covariance, total, gather
+        )
         return GradientEstimate(grad, noise_sd, value, cov)
 
     def full_data(self, z, model_args=(), model_kwargs=None, *, chunk_size=4096):
@@ -447,39 +376,73 @@ class MinibatchEstimator(Estimator):
             return jax.jit(self.sharding.map(on_shard)), arrays
         arrays, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
         ((name, (size, _, _)),) = self.plates.items()
-        c = int(min(chunk_size, size))
-        num_chunks = -(-size // c)
-
-        def parts(z, start, model_args, model_kwargs):
-            idx = start + jnp.arange(c)
-            mask = idx < size
-            idx = jnp.minimum(idx, size - 1)  # the last chunk is padded
-            value, h = self._terms(
-                z, {name: idx}, model_args, model_kwargs, with_terms=True
-            )
-            # h_i = (N / c) log p(y_i | z): the prior, Jacobian and any data outside
-            # the plate are value + sum(h); the chunk's log-likelihood sum(h) c / N.
-            rest = value + jnp.sum(h)
-            loglik = jnp.sum(jnp.where(mask, h, 0.0)) * (c / size)
-            return rest, loglik
-
-        @jax.jit
-        def run(z, arrays):
-            args = rebuild(arrays)
-            rest_and_grad = jax.value_and_grad(lambda z: parts(z, 0, *args)[0])
-            loglik_and_grad = jax.value_and_grad(
-                lambda z, start: parts(z, start, *args)[1]
-            )
-
-            def body(carry, start):
-                value, grad = loglik_and_grad(z, start)
-                return jax.tree.map(jnp.add, carry, (value, grad)), None
-
-            zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, z))
-            starts = jnp.arange(num_chunks) * c
-            (loglik, loglik_grad), _ = jax.lax.scan(body, zero, starts)
-            rest, rest_grad = rest_and_grad(z)
-            grad = jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
-            return rest - loglik, self._pull(grad)[0]
-
+        run = _chunked_full_data(
+            self._terms, name, size, rebuild, chunk_size, lambda g: self._pull(g)[0]
+        )
         return run, arrays
+
+
+def _plate_terms(trace, name, n):
+    """The ``n`` scaled log-likelihood terms of the plate ``name``'s data in a
+    model's ``trace``: each observed site's log-densities in the plate, times its
+    scale, summed per datum."""
+    per_datum = jnp.zeros((n,))
+    for site in trace.values():
+        if site["type"] != "sample" or not site["is_observed"]:
+            continue
+        frame = next((f for f in site["cond_indep_stack"] if f.name == name), None)
+        if frame is None:
+            continue
+        lp = site["fn"].log_prob(site["value"])
+        if site["scale"] is not None:
+            lp = site["scale"] * lp
+        axis = jnp.ndim(lp) + frame.dim
+        if axis < 0 or jnp.shape(lp)[axis] != n:
+            raise ValueError(
+                f"Observed site '{site['name']}' in plate '{name}' has log-density "
+                f"shape {jnp.shape(lp)} without the plate's dimension {frame.dim}; "
+                "cannot form per-datum gradients."
+            )
+        lp = jnp.moveaxis(lp, axis, 0).reshape(n, -1).sum(-1)
+        per_datum = per_datum + lp
+    return per_datum
+
+
+def _chunked_full_data(terms, name, size, rebuild, chunk_size, pull):
+    """:meth:`MinibatchEstimator.full_data_parts`' ``run`` on one device: the
+    full-data potential and its gradient as a scan over chunks of ``chunk_size``
+    rows of the plate ``name`` (``size`` rows; the last chunk padded and masked),
+    from ``terms`` (:meth:`MinibatchEstimator._terms`), the gradient passed
+    through ``pull``."""
+    c = int(min(chunk_size, size))
+    num_chunks = -(-size // c)
+
+    def parts(z, start, model_args, model_kwargs):
+        idx = start + jnp.arange(c)
+        mask = idx < size
+        idx = jnp.minimum(idx, size - 1)  # the last chunk is padded
+        value, h = terms(z, {name: idx}, model_args, model_kwargs, with_terms=True)
+        # h_i = (N / c) log p(y_i | z): the prior, Jacobian and any data outside
+        # the plate are value + sum(h); the chunk's log-likelihood sum(h) c / N.
+        rest = value + jnp.sum(h)
+        loglik = jnp.sum(jnp.where(mask, h, 0.0)) * (c / size)
+        return rest, loglik
+
+    @jax.jit
+    def run(z, arrays):
+        args = rebuild(arrays)
+        rest_and_grad = jax.value_and_grad(lambda z: parts(z, 0, *args)[0])
+        loglik_and_grad = jax.value_and_grad(lambda z, start: parts(z, start, *args)[1])
+
+        def body(carry, start):
+            value, grad = loglik_and_grad(z, start)
+            return jax.tree.map(jnp.add, carry, (value, grad)), None
+
+        zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, z))
+        starts = jnp.arange(num_chunks) * c
+        (loglik, loglik_grad), _ = jax.lax.scan(body, zero, starts)
+        rest, rest_grad = rest_and_grad(z)
+        grad = jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
+        return rest - loglik, pull(grad)
+
+    return run

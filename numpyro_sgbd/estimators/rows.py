@@ -1,15 +1,17 @@
 """The n per-datum gradients of a minibatch, as rows: streamed a chunk at a time
 (:class:`StreamedRows`), or sparse where each datum reads its own slice of a
-parameter (:class:`GatheredRows`), and their moments by coordinate."""
+parameter (:class:`GatheredRows`, :func:`gathered_stream`); their moments by
+coordinate, and the noise statistics of a minibatch sum made from them
+(:func:`noise_statistics`)."""
 
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 
-from numpyro_sgbd._gathered import gather_of
+from numpyro_sgbd._gathered import gather_of, gathered_rows, trace_gathers
 
-__all__ = ["GatheredRows", "StreamedRows"]
+__all__ = ["GatheredRows", "StreamedRows", "gathered_stream", "noise_statistics"]
 
 
 def _flat_size(tree):
@@ -144,3 +146,69 @@ class GatheredRows:
             m2s.append(m2 + (n - count) * jnp.square(mean))
         unflatten = partial(jax.tree.unflatten, self.treedef)
         return unflatten(means), unflatten(m2s)
+
+
+def gathered_stream(term, z, indices, chunk, row_budget):
+    """``term``'s gradients on the data ``indices`` as :class:`StreamedRows`
+    whose chunks are :class:`GatheredRows`, as many rows a chunk as
+    ``row_budget`` floats allow; or ``None`` where that does not apply: no leaf
+    is read through one gather, or a chunk would be no larger than ``chunk``
+    (the dense rows')."""
+    leaves, treedef = jax.tree.flatten(z)
+    plan = trace_gathers(
+        lambda leaves, i: term(jax.tree.unflatten(treedef, leaves), i),
+        leaves,
+        indices[0],
+    )
+    if plan is None:
+        return None
+    per_row = _flat_size(
+        [x for j, x in enumerate(leaves) if j not in plan.gathers]
+    ) + sum(2 * eqn.outvars[0].aval.size for eqn in plan.gathers.values())
+    rows = _largest_divisor(jnp.shape(indices)[0], row_budget // per_row)
+    if rows <= chunk:
+        return None
+    shapes = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+
+    def fn(idx):
+        parts = gathered_rows(plan, leaves, idx)
+        return GatheredRows(treedef, shapes, plan.gathers, *parts)
+
+    try:  # the program re-evaluated equation by equation, as traced
+        jax.eval_shape(partial(gathered_rows, plan, leaves), indices[:rows])
+    except Exception:  # an equation that cannot be re-bound: dense rows
+        return None
+    return StreamedRows(fn, indices, rows)
+
+
+def noise_statistics(rows, n, factor, covariance, total, gather):
+    """``(noise sd, noise covariance or None)`` of a minibatch sum from its ``n``
+    per-datum gradients ``rows`` (a tree with leading axis n, or a
+    :class:`StreamedRows`): ``factor`` (:func:`~numpyro_sgbd.estimators.
+    noise_variance_factor`) times their sample variance, and the covariance in
+    the form ``covariance`` names (``None``, ``"diag"``, ``"lowrank"`` or
+    ``"full"``; see :class:`~numpyro_sgbd.estimators.MinibatchEstimator`).
+    ``total`` sums a variance or a full covariance over shards and ``gather``
+    joins a low-rank factor's columns (both the identity on one device)."""
+    if isinstance(rows, StreamedRows):
+        _, m2 = rows.moments()
+        variance = jax.tree.map(lambda v: v / (n - 1), m2)
+    else:
+        variance = jax.tree.map(lambda g: jnp.var(g, 0, ddof=1), rows)
+    variance = total(jax.tree.map(lambda v: factor * v, variance))
+    noise_sd = jax.tree.map(jnp.sqrt, variance)
+    if covariance is None:
+        return noise_sd, None
+    if covariance == "diag":
+        # In ravel_pytree's order, as the rows' columns.
+        cov = jnp.concatenate([v.reshape(-1) for v in jax.tree.leaves(variance)])
+    else:
+        flat = jnp.concatenate(
+            [g.reshape(n, -1) for g in jax.tree.leaves(rows)], axis=1
+        )  # (n, d), columns in ravel_pytree's order
+        cov = jnp.sqrt(factor / (n - 1)) * (flat - flat.mean(0)).T  # C, (d, n)
+        if covariance == "full":
+            cov = total(cov @ cov.T)
+        else:
+            cov = gather(cov)
+    return noise_sd, cov
