@@ -34,7 +34,6 @@ from numpyro.infer.util import (
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
 from numpyro_sgbd import advice, monitoring, preconditioning
-from numpyro_sgbd.diagnostics import drift
 from numpyro_sgbd.estimators import (
     Centre,
     ControlVariateEstimator,
@@ -47,6 +46,7 @@ from numpyro_sgbd.estimators import (
     split_arrays,
     unconstrained_centre,
 )
+from numpyro_sgbd.evaluation.drift import drift
 from numpyro_sgbd.handlers import SubsamplePlates, sample_trace
 from numpyro_sgbd.modes import (
     check_mode,
