@@ -39,7 +39,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import numpyro_sgbd  # noqa: E402
-from numpyro_sgbd.diagnostics import fssd, fssd_opt, imq_ksd, ksd  # noqa: E402
+from numpyro_sgbd.evaluation.fssd import fssd, fssd_opt  # noqa: E402
+from numpyro_sgbd.evaluation.ksd import imq_ksd, ksd  # noqa: E402
 
 
 @partial(jax.jit, static_argnames=("c", "beta"))

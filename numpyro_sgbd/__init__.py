@@ -1,18 +1,20 @@
 """Stochastic-gradient MCMC for any NumPyro model with a subsampled plate."""
 
-# First: numpyro_sgbd._arviz loads numpyro before any of its submodules (see there).
-from numpyro_sgbd import _arviz  # noqa: F401
+# First: numpyro_sgbd.evaluation._arviz loads numpyro before any of its submodules
+# (see there; numpyro_sgbd.evaluation itself imports nothing).
+from numpyro_sgbd.evaluation import _arviz  # noqa: F401  # isort: skip
 from numpyro_sgbd._threefry import unroll_threefry_on_cpu, unrolled_threefry
-from numpyro_sgbd.comparison import Comparison, compare, plot_marginals
-from numpyro_sgbd.criticism import from_numpyro, full_data_log_likelihood
-from numpyro_sgbd.diagnostics import fssd, ksd, posterior_ksd
 from numpyro_sgbd.estimators import GradientEstimate
+from numpyro_sgbd.evaluation.comparison import Comparison, compare, plot_marginals
+from numpyro_sgbd.evaluation.criticism import from_numpyro, full_data_log_likelihood
+from numpyro_sgbd.evaluation.fssd import fssd
+from numpyro_sgbd.evaluation.ksd import ksd, posterior_ksd
+from numpyro_sgbd.evaluation.reference import full_batch_scores, reference_posterior
 from numpyro_sgbd.handlers import full_batch
 from numpyro_sgbd.host import host_data
 from numpyro_sgbd.kernel import Centre, SGState
 from numpyro_sgbd.modes import PosteriorMode, posterior_mode
 from numpyro_sgbd.monitoring import ConvergenceWarning
-from numpyro_sgbd.reference import full_batch_scores, reference_posterior
 from numpyro_sgbd.samplers import (
     NOGIN,
     SGBD,

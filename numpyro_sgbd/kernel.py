@@ -34,7 +34,6 @@ from numpyro.infer.util import (
 from numpyro.util import identity, is_prng_key, not_jax_tracer
 
 from numpyro_sgbd import advice, core, monitoring, preconditioning
-from numpyro_sgbd.diagnostics import drift
 from numpyro_sgbd.estimators import (
     Centre,
     ControlVariateEstimator,
@@ -45,6 +44,7 @@ from numpyro_sgbd.estimators import (
     jit_once,
     split_arrays,
 )
+from numpyro_sgbd.evaluation.drift import drift
 from numpyro_sgbd.handlers import SubsamplePlates, sample_trace
 from numpyro_sgbd.setup import Setup, dimension, find_centre, find_preconditioner
 from numpyro_sgbd.sharding import any_sharded, data_sharding
@@ -1438,7 +1438,7 @@ class _SGKernel(MCMCKernel):
     def _check_drift(self, i, rows, every):
         """Warn, once per run, when the sampling draws noted so far (``rows``, 16
         to 32 blocks of rows, ``every`` iterations apart) still drift
-        (:func:`~numpyro_sgbd.diagnostics.drift`). Checked when their number
+        (:func:`~numpyro_sgbd.evaluation.drift.drift`). Checked when their number
         reaches 16 and at each power of two of the sampling iterations after that:
         once for each doubling of the run."""
         if getattr(self, "_drift_warned", False):

@@ -25,8 +25,9 @@ from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgbd.diagnostics import fssd_opt, imq_ksd
 from numpyro_sgbd.estimators import as_jax_arrays, split_arrays
+from numpyro_sgbd.evaluation.fssd import fssd_opt
+from numpyro_sgbd.evaluation.ksd import imq_ksd
 from numpyro_sgbd.handlers import subsample_size
 from numpyro_sgbd.modes import _subsample_plates, full_data_objective
 from numpyro_sgbd.samplers import NOGIN, SGBD, SGHMC, SGLD, SGNHT

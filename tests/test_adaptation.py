@@ -15,7 +15,7 @@ from numpyro.infer import MCMC
 import pytest
 
 from numpyro_sgbd import NOGIN, SGBD, SGLD, preconditioning
-from numpyro_sgbd.diagnostics import drift
+from numpyro_sgbd.evaluation.drift import drift
 
 # Our own numerics (no ArviZ, no NumPyro contract): CI's Python 3.12 run
 # skips them; the first run covers them.

@@ -1,4 +1,4 @@
-"""numpyro_sgbd._arviz: one behaviour under ArviZ 0.x (InferenceData) and 1.x
+"""numpyro_sgbd.evaluation._arviz: one behaviour under ArviZ 0.x (InferenceData) and 1.x
 (DataTree). Every test here runs under whichever ArviZ is installed; the suite is run
 under both."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from numpyro_sgbd import _arviz
+from numpyro_sgbd.evaluation import _arviz
 
 DATA = Path(__file__).parent / "data"
 # The installed version's own container, as az.from_numpyro returns it.

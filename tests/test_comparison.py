@@ -12,7 +12,8 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 import pytest
 
-from numpyro_sgbd import SGLD, Comparison, _arviz, compare, plot_marginals
+from numpyro_sgbd import SGLD, Comparison, compare, plot_marginals
+from numpyro_sgbd.evaluation import _arviz
 
 PRIOR_SD = 10.0
 

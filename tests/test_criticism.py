@@ -12,11 +12,11 @@ import pytest
 
 from numpyro_sgbd import (
     SGLD,
-    _arviz,
     from_numpyro,
     full_batch,
     full_data_log_likelihood,
 )
+from numpyro_sgbd.evaluation import _arviz
 
 N = 37  # rows; the chunks below do not divide it
 SUBSAMPLE = 5

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_sgbd.diagnostics import ksd
+from numpyro_sgbd.evaluation.ksd import ksd
 
 # Our own numerics (no ArviZ, no NumPyro contract): CI's Python 3.12 run
 # skips them; the first run covers them.

@@ -18,14 +18,13 @@ from numpyro.infer.util import potential_energy
 import pytest
 
 from numpyro_sgbd import (
-    _arviz,
     full_batch,
     full_batch_scores,
     posterior_mode,
-    reference,
     reference_posterior,
 )
-from numpyro_sgbd.reference import _cache_key
+from numpyro_sgbd.evaluation import _arviz, laplace
+from numpyro_sgbd.evaluation.cache import _cache_key
 
 
 def scale_model(X, y):
@@ -219,7 +218,7 @@ def test_the_default_whitens_an_ill_conditioned_posterior_and_is_trustworthy():
 def test_above_the_dense_limit_the_laplace_map_is_low_rank(monkeypatch):
     # The same posterior with the dense limit lowered below its d = 4: the Lanczos
     # space holds all of it, so the low-rank map whitens it as well.
-    monkeypatch.setattr(reference, "LAPLACE_DENSE_MAX_DIM", 2)
+    monkeypatch.setattr(laplace, "LAPLACE_DENSE_MAX_DIM", 2)
     X, y = raw_scale_data()
     idata = reference_posterior(raw_scale_model, X, y, num_warmup=300, num_samples=500)
     attrs = idata.posterior.attrs

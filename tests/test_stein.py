@@ -15,16 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_sgbd import diagnostics
-from numpyro_sgbd.diagnostics import (
+from numpyro_sgbd.evaluation.fssd import (
+    _fssd_opt,
     _fssd_squared,
-    _masked_centred,
     _median_distance,
     fssd,
     fssd_opt,
-    imq_ksd,
-    ksd,
 )
+from numpyro_sgbd.evaluation.ksd import _imq_ksd, _masked_centred, imq_ksd, ksd
 
 # Our own numerics (no ArviZ, no NumPyro contract): CI's Python 3.12 run
 # skips them; the first run covers them.
@@ -32,9 +30,9 @@ pytestmark = pytest.mark.heavy
 
 # Compiled once, shared by the parametrised cases; the jitted forms are those
 # ksd and fssd call, so that the wrappers reuse what the tests compiled.
-imq_ksd_jit = diagnostics._imq_ksd
+imq_ksd_jit = _imq_ksd
 imq_ksd_batch = jax.jit(jax.vmap(imq_ksd))
-fssd_opt_jit = diagnostics._fssd_opt
+fssd_opt_jit = _fssd_opt
 fssd_opt_batch = jax.jit(jax.vmap(fssd_opt))
 
 

@@ -7,7 +7,7 @@ Run once under each ArviZ major version, with the numpyro_sgbd to test on the pa
 ``reference-arviz0.nc`` was written by numpyro_sgbd at commit 40b3f3a (before the
 ArviZ 1.x support, ``InferenceData.to_netcdf``) under ArviZ 0.23;
 ``reference-arviz1.nc`` by the ArviZ 1.x support under ArviZ 1.3
-(``numpyro_sgbd._arviz.to_netcdf`` of a DataTree).
+(``numpyro_sgbd.evaluation._arviz.to_netcdf`` of a DataTree).
 """
 
 from pathlib import Path

@@ -1,0 +1,448 @@
+"""The minibatch gradient of a NumPyro model whose data sit in subsample plates,
+with the noise statistics of its per-datum gradients (:class:`MinibatchEstimator`)."""
+
+from functools import partial
+
+import jax
+from jax import random
+from jax.flatten_util import ravel_pytree
+import jax.numpy as jnp
+from numpyro.handlers import substitute
+from numpyro.infer.util import _unconstrain_reparam, log_density
+
+from numpyro_sgbd.estimators.base import Estimator, GradientEstimate
+from numpyro_sgbd.estimators.compiled import as_jax_arrays, split_arrays
+from numpyro_sgbd.estimators.indices import (
+    draw_indices,
+    noise_variance_factor,
+    resolve_replace,
+)
+from numpyro_sgbd.estimators.rows import (
+    StreamedRows,
+    _flat_size,
+    _largest_divisor,
+    gathered_stream,
+    noise_statistics,
+)
+from numpyro_sgbd.handlers import fix_plates, shard_local
+
+__all__ = ["MinibatchEstimator"]
+
+
+class MinibatchEstimator(Estimator):
+    """Minibatch gradient of a NumPyro model whose data sit in subsample plates.
+
+    Each call draws its own indices for every subsample plate (O(n), see
+    :func:`draw_indices`), substitutes them into the plates, and evaluates NumPyro's
+    potential of the substituted model in unconstrained space (prior, Jacobian and the
+    plate's N/n-scaled likelihood: the N/n factor is NumPyro's own, applied nowhere
+    else). With ``noise=True`` it also forms the n per-datum gradients of the scaled
+    likelihood terms (forward or reverse mode, whichever needs fewer passes) and
+    returns their noise sd (:func:`noise_variance_factor`); the prior and Jacobian
+    terms are exact and add no noise. With ``covariance`` it also returns the noise
+    covariance (the sample covariance of the minibatch: :math:`\\Sigma = CC^\\top` with
+    :math:`C = \\sqrt{c/(n-1)}\\,(G - \\bar G)^\\top`, G the n x d per-datum gradients
+    of the scaled terms and c the factor of :func:`noise_variance_factor`), as the
+    factor C, the matrix, or its diagonal.
+
+    :param model: the NumPyro model.
+    :param dict plates: ``{name: (size, subsample_size, dim)}`` of its subsample plates
+        (``dim`` may be ``None`` when no observed site was found in the plate).
+    :param bool noise: whether to estimate the noise sd (needs exactly one plate).
+    :param replace: draw indices with replacement (``None``: as
+        :func:`resolve_replace` chooses for each plate).
+    :param str covariance: ``None`` (default), ``"lowrank"``, ``"diag"`` or
+        ``"full"``: also return the noise covariance in that form (implies
+        ``noise``).
+    :param str per_datum: how the per-datum gradients are formed: ``"vmap"``
+        (default) runs the model on each datum of the minibatch alone, vectorized,
+        at the cost of about one minibatch gradient plus n evaluations of the
+        model's parts outside the plate; ``"jacobian"`` takes one Jacobian of the
+        n terms, min(n, d) times the cost of a minibatch gradient, but evaluates
+        the parts outside the plate once (for a model whose prior costs more
+        than its likelihood). Either way, where n x d floats would pass
+        :attr:`row_budget` and the noise form needs only variances (the sd, or
+        ``covariance="diag"``), the gradients of the likelihood terms alone are
+        formed a chunk of rows at a time and reduced as they come
+        (:class:`StreamedRows`): memory O(chunk x d + d), never n x d.
+    :param pullback: ``None``, or a linear map ``g -> L' g`` on flat gradients of
+        shape (..., d) (a :class:`~numpyro_sgbd.preconditioning.Preconditioner`'s
+        ``pull``): the gradient, the per-datum gradients behind the noise
+        statistics, and :meth:`full_data`'s gradient are then returned flat, in the
+        coordinates u of ``z = z_hat + L u`` (positions stay in z).
+    :param sharding: ``None``, or the
+        :class:`~numpyro_sgbd.sharding.DataSharding` of the model's data: every
+        estimate and full-data pass then runs shard by shard
+        (:meth:`map_shards`).
+    """
+
+    def __init__(
+        self,
+        model,
+        plates,
+        *,
+        noise=False,
+        replace=False,
+        covariance=None,
+        per_datum="vmap",
+        pullback=None,
+        sharding=None,
+    ):
+        if per_datum not in ("vmap", "jacobian"):
+            raise ValueError(
+                f"per_datum must be 'vmap' or 'jacobian', got {per_datum!r}."
+            )
+        if covariance not in (None, "lowrank", "diag", "full"):
+            raise ValueError(
+                "covariance must be None, 'lowrank', 'diag' or 'full', "
+                f"got {covariance!r}."
+            )
+        noise = noise or covariance is not None
+        if noise and len(plates) > 1:
+            raise ValueError(
+                "Estimating the gradient noise needs exactly one subsample plate; "
+                f"the model has {sorted(plates)}."
+            )
+        self.model = model
+        self.plates = dict(plates)
+        self.noise = noise
+        self.replace = replace
+        self.covariance = covariance
+        self.per_datum = per_datum
+        self.pullback = pullback
+        self.sharding = sharding
+        #: The estimator on one shard (``None`` without sharding).
+        self.local = None
+        if sharding is not None:
+            ((name, (_, _, dim)),) = self.plates.items()
+            self.local = MinibatchEstimator(
+                shard_local(model, name, sharding.local_size, sharding.num_shards),
+                {name: (sharding.local_size, sharding.local_subsample_size, dim)},
+                noise=noise,
+                replace=resolve_replace(
+                    replace, sharding.size, sharding.subsample_size
+                ),
+                covariance=covariance,
+                per_datum=per_datum,
+                pullback=pullback,
+            )
+
+    def _pull(self, grad, per_datum_grads=None):
+        """Gradients in u (flat) where there is a pullback; unchanged otherwise."""
+        if self.pullback is None:
+            return grad, per_datum_grads
+        grad = self.pullback(ravel_pytree(grad)[0])
+        if isinstance(per_datum_grads, StreamedRows):
+            rows = per_datum_grads
+            per_datum_grads = StreamedRows(
+                lambda idx: self._pull_rows(rows.fn(idx)), rows.indices, rows.chunk
+            )
+        elif per_datum_grads is not None:
+            per_datum_grads = self._pull_rows(per_datum_grads)
+        return grad, per_datum_grads
+
+    def _pull_rows(self, rows):
+        leaves = jax.tree.leaves(rows)
+        n = leaves[0].shape[0]
+        return self.pullback(jnp.concatenate([g.reshape(n, -1) for g in leaves], 1))
+
+    #: Per-datum gradients are formed in chunks of at most this many floats
+    #: (``chunk x d``), where the covariance form does not need them all
+    #: (``covariance`` None or ``"diag"``). ``None``, the default, picks by JAX's
+    #: default backend: 2**18 (1 MiB of float32) on a CPU, where one row at a
+    #: time is fastest at large d (XLA:CPU's batched scatter), and 2**22
+    #: (16 MiB) on an accelerator, where every chunk costs a kernel launch: on
+    #: one H100, matrix factorisation (d = 194,820, n = 800) took 14.6 ms a
+    #: corrected step at 2**18 and 1.31 ms at 2**22 (``benchmarks/results-gpu.md``).
+    #: Set an int, on the class or an instance, to choose.
+    row_budget = None
+
+    def _row_budget(self):
+        if self.row_budget is not None:
+            return self.row_budget
+        return 2**18 if jax.default_backend() == "cpu" else 2**22
+
+    def _rows_per_chunk(self, z, n):
+        """Rows per chunk of the per-datum gradients: ``n`` (all at once, as
+        rows) or fewer (a :class:`StreamedRows`)."""
+        if self.covariance in ("lowrank", "full"):
+            return n  # the factor or the matrix needs every row
+        return _largest_divisor(n, self._row_budget() // max(_flat_size(z), 1))
+
+    def draw(self, rng_key):
+        """Fresh indices ``{plate name: indices}`` for every subsample plate."""
+        keys = random.split(rng_key, max(len(self.plates), 1))
+        return {
+            name: draw_indices(key, size=size, subsample_size=n, replace=self.replace)
+            for key, (name, (size, n, _)) in zip(keys, self.plates.items())
+        }
+
+    def _terms(self, z, indices, model_args, model_kwargs, with_terms=None):
+        """(potential estimate, scaled per-datum log-likelihood terms h_i or None).
+
+        ``indices`` fixes every subsample plate (``{name: indices}``); an index
+        array of any length m gives its plate the scale N / m. The terms are formed
+        where ``with_terms`` (default: where the noise is estimated).
+        """
+        model = fix_plates(self.model, indices)
+        model = substitute(model, substitute_fn=partial(_unconstrain_reparam, z))
+        log_joint, trace = log_density(model, model_args, model_kwargs, {})
+        with_terms = self.noise if with_terms is None else with_terms
+        if not with_terms or not self.plates:
+            return -log_joint, None
+        ((name, _),) = self.plates.items()
+        return -log_joint, _plate_terms(trace, name, jnp.shape(indices[name])[0])
+
+    def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        # NumPy data cannot be indexed by the traced minibatch indices (X[idx]);
+        # as JAX arrays they can, and jit embeds them as it would anyway.
+        model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+        return self.map_shards(
+            lambda est, idx, z, args, kwargs: est.evaluate(z, idx, args, kwargs),
+            rng_key,
+            z,
+            model_args,
+            model_kwargs,
+        )
+
+    def map_shards(self, local, rng_key, operand, model_args, model_kwargs):
+        """The :class:`GradientEstimate` of ``local(estimator, indices, operand,
+        model_args, model_kwargs) -> (value, grad, per_datum_grads)`` (as
+        :meth:`evaluate` returns) on minibatch indices drawn from ``rng_key``.
+
+        Without sharding this is ``local`` on this estimator's indices, summarised.
+        With it, each shard k runs ``local`` on the per-shard estimator
+        (:attr:`local`: its own N/K rows, the prior weighted 1/K) with n/K indices
+        drawn by the key ``fold_in(rng_key, k)``, inside :func:`jax.shard_map`;
+        the shards' potentials, gradients and noise statistics are summed in one
+        all-reduce (:meth:`summarise`). The estimate is stratified, n/K rows from
+        each shard, so its noise variance is the sum of the shards' (docs: Big
+        data). ``operand`` (positions) and the result are replicated.
+        """
+        if self.sharding is None:
+            parts = local(self, self.draw(rng_key), operand, model_args, model_kwargs)
+            return self.summarise(*parts)
+        sharding = self.sharding
+        arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
+        axis = sharding.axis
+
+        def on_shard(rng_key, operand, arrays):
+            args, kwargs = rebuild(arrays)
+            est = self.local
+            key = random.fold_in(rng_key, jax.lax.axis_index(axis))
+            parts = local(est, est.draw(key), operand, args, kwargs)
+            return est.summarise(*parts, axis_name=axis)
+
+        return sharding.map(on_shard)(rng_key, operand, arrays)
+
+    def evaluate(self, z, indices, model_args, model_kwargs):
+        """``(potential, its gradient, per-datum gradients or None)`` at ``z`` on
+        the minibatch ``indices`` (from :meth:`draw`); the gradients in u where
+        there is a pullback. The per-datum gradients (rows) are formed where the
+        noise is estimated."""
+        value, grad, per_datum_grads = self._at_z(z, indices, model_args, model_kwargs)
+        return (value, *self._pull(grad, per_datum_grads))
+
+    def _at_z(self, z, indices, model_args, model_kwargs):
+        fn = partial(
+            self._terms,
+            indices=indices,
+            model_args=model_args,
+            model_kwargs=model_kwargs,
+        )
+        if not self.noise or not self.plates:
+            value, grad = jax.value_and_grad(lambda z: fn(z)[0])(z)
+            return value, grad, None
+        ((name, (_, n, _)),) = self.plates.items()
+        # Checks, while tracing only, that every observed site in the plate has
+        # one log-density per datum (raises a ValueError naming the site if not).
+        jax.eval_shape(fn, z)
+        chunk = self._rows_per_chunk(z, n)
+        if chunk < n:
+            # Large d: the minibatch gradient as without noise, and the gradients
+            # of the likelihood terms alone (the prior and Jacobian are exact: no
+            # noise), a chunk of rows at a time (memory O(chunk x d), never n x d).
+
+            def term(z, i):
+                # h_i = (N / n) log p(y_i | z): the one-datum model weights its
+                # datum by N.
+                one = self._terms(z, {name: i[None]}, model_args, model_kwargs, True)
+                return one[1][0] / n
+
+            value, grad = jax.value_and_grad(lambda z: fn(z, with_terms=False)[0])(z)
+            # A pullback mixes the coordinates: the gradients in u are dense.
+            gathered = None
+            if self.pullback is None:
+                budget = self._row_budget()
+                gathered = gathered_stream(term, z, indices[name], chunk, budget)
+            if gathered is not None:
+                return value, grad, gathered
+
+            def rows(idx):
+                return jax.vmap(jax.grad(term), (None, 0))(z, idx)
+
+            return value, grad, StreamedRows(rows, indices[name], chunk)
+        if self.per_datum == "jacobian":
+
+            def with_value(z):
+                out = fn(z)
+                return out, out[0]
+
+            # One Jacobian of (potential, h_1..h_n): d forward passes or n + 1
+            # reverse, each costing a minibatch gradient.
+            jac = jax.jacfwd if _flat_size(z) <= n else jax.jacrev
+            (grad, per_datum_grads), value = jac(with_value, has_aux=True)(z)
+            return value, grad, per_datum_grads
+
+        def one(z, i):
+            # The model on the single datum i: U_i = -log prior - N log p(y_i | z).
+            return self._terms(z, {name: i[None]}, model_args, model_kwargs, False)[0]
+
+        # The n one-datum potentials, vmapped: O(n d) work, as one minibatch
+        # gradient, where a Jacobian costs min(n, d) of them. Their mean is the
+        # minibatch potential (and gradient); grad U_i / n is minus the gradient of
+        # the scaled term h_i up to the prior's gradient / n, a shift common to all
+        # rows that the noise statistics (variances, centred covariances,
+        # differences between two points on the same indices) do not see.
+        values, grads = jax.vmap(jax.value_and_grad(one), (None, 0))(z, indices[name])
+        grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
+        per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
+        return jnp.mean(values), grad, per_datum_grads
+
+    def summarise(self, value, grad, per_datum_grads, axis_name=None):
+        """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
+        noise statistics of the n per-datum gradients (rows of
+        ``per_datum_grads``) where asked for.
+
+        ``axis_name``: inside :func:`jax.shard_map`, these are one shard's parts;
+        the potentials, gradients and noise variances (per coordinate, or the
+        covariance) of the shards are summed over that mesh axis, and a low-rank
+        factor's columns gathered from every shard (its n/K centred rows each).
+        """
+        if axis_name is None:
+            total = gather = lambda x: x  # noqa: E731
+        else:
+            total = partial(jax.lax.psum, axis_name=axis_name)
+            gather = partial(
+                jax.lax.all_gather, axis_name=axis_name, axis=1, tiled=True
+            )
+        value, grad = total((value, grad))
+        if not self.noise:
+            return GradientEstimate(grad, None, value)
+        if not self.plates:
+            return GradientEstimate(grad, jax.tree.map(jnp.zeros_like, grad), value)
+        ((size, n, _),) = self.plates.values()
+        factor = noise_variance_factor(size, n, replace=self.replace)
+        noise_sd, cov = noise_statistics(
+            per_datum_grads, n, factor, self.covariance, total, gather
+        )
+        return GradientEstimate(grad, noise_sd, value, cov)
+
+    def full_data(self, z, model_args=(), model_kwargs=None, *, chunk_size=4096):
+        """The exact full-data potential and its gradient at ``z``, summed over the
+        data in chunks of ``chunk_size`` rows: memory O(chunk_size x d), never
+        O(N x d). Needs exactly one subsample plate.
+
+        :return: ``(U(z), grad U(z))``.
+        """
+        return self.full_data_fn(model_args, model_kwargs, chunk_size=chunk_size)(z)
+
+    def full_data_fn(self, model_args=(), model_kwargs=None, *, chunk_size=4096):
+        """:meth:`full_data` as a jitted function of z, compiled once for these
+        model arguments (for an optimiser's repeated calls); the data are
+        arguments of the compiled function, not constants in it."""
+        run, arrays = self.full_data_parts(model_args, model_kwargs, chunk_size)
+        return lambda z: run(z, arrays)
+
+    def full_data_parts(self, model_args=(), model_kwargs=None, chunk_size=4096):
+        """``(run, arrays)``: :meth:`full_data` is ``run(z, arrays)``, jitted, with
+        the array leaves of the model arguments as its second argument (so that a
+        caller's own jitted function can pass them through).
+
+        With sharding, each shard sums its own rows in chunks and one all-reduce
+        adds the shards' sums (the prior counted once, :class:`~numpyro_sgbd.
+        handlers.shard_local`)."""
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        if self.sharding is not None:
+            local_run, arrays = self.local.full_data_parts(
+                model_args, model_kwargs, chunk_size
+            )
+            axis = self.sharding.axis
+
+            def on_shard(z, arrays):
+                return jax.lax.psum(local_run(z, arrays), axis)
+
+            return jax.jit(self.sharding.map(on_shard)), arrays
+        arrays, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
+        ((name, (size, _, _)),) = self.plates.items()
+        run = _chunked_full_data(
+            self._terms, name, size, rebuild, chunk_size, lambda g: self._pull(g)[0]
+        )
+        return run, arrays
+
+
+def _plate_terms(trace, name, n):
+    """The ``n`` scaled log-likelihood terms of the plate ``name``'s data in a
+    model's ``trace``: each observed site's log-densities in the plate, times its
+    scale, summed per datum."""
+    per_datum = jnp.zeros((n,))
+    for site in trace.values():
+        if site["type"] != "sample" or not site["is_observed"]:
+            continue
+        frame = next((f for f in site["cond_indep_stack"] if f.name == name), None)
+        if frame is None:
+            continue
+        lp = site["fn"].log_prob(site["value"])
+        if site["scale"] is not None:
+            lp = site["scale"] * lp
+        axis = jnp.ndim(lp) + frame.dim
+        if axis < 0 or jnp.shape(lp)[axis] != n:
+            raise ValueError(
+                f"Observed site '{site['name']}' in plate '{name}' has log-density "
+                f"shape {jnp.shape(lp)} without the plate's dimension {frame.dim}; "
+                "cannot form per-datum gradients."
+            )
+        lp = jnp.moveaxis(lp, axis, 0).reshape(n, -1).sum(-1)
+        per_datum = per_datum + lp
+    return per_datum
+
+
+def _chunked_full_data(terms, name, size, rebuild, chunk_size, pull):
+    """:meth:`MinibatchEstimator.full_data_parts`' ``run`` on one device: the
+    full-data potential and its gradient as a scan over chunks of ``chunk_size``
+    rows of the plate ``name`` (``size`` rows; the last chunk padded and masked),
+    from ``terms`` (:meth:`MinibatchEstimator._terms`), the gradient passed
+    through ``pull``."""
+    c = int(min(chunk_size, size))
+    num_chunks = -(-size // c)
+
+    def parts(z, start, model_args, model_kwargs):
+        idx = start + jnp.arange(c)
+        mask = idx < size
+        idx = jnp.minimum(idx, size - 1)  # the last chunk is padded
+        value, h = terms(z, {name: idx}, model_args, model_kwargs, with_terms=True)
+        # h_i = (N / c) log p(y_i | z): the prior, Jacobian and any data outside
+        # the plate are value + sum(h); the chunk's log-likelihood sum(h) c / N.
+        rest = value + jnp.sum(h)
+        loglik = jnp.sum(jnp.where(mask, h, 0.0)) * (c / size)
+        return rest, loglik
+
+    @jax.jit
+    def run(z, arrays):
+        args = rebuild(arrays)
+        rest_and_grad = jax.value_and_grad(lambda z: parts(z, 0, *args)[0])
+        loglik_and_grad = jax.value_and_grad(lambda z, start: parts(z, start, *args)[1])
+
+        def body(carry, start):
+            value, grad = loglik_and_grad(z, start)
+            return jax.tree.map(jnp.add, carry, (value, grad)), None
+
+        zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, z))
+        starts = jnp.arange(num_chunks) * c
+        (loglik, loglik_grad), _ = jax.lax.scan(body, zero, starts)
+        rest, rest_grad = rest_and_grad(z)
+        grad = jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
+        return rest - loglik, pull(grad)
+
+    return run

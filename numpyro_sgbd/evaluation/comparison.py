@@ -1,0 +1,589 @@
+"""How far a run is from the reference posterior: a table and a figure."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+import warnings
+
+import numpy as np
+from numpyro.infer import MCMC
+import pandas as pd
+
+from numpyro_sgbd.evaluation import _arviz
+from numpyro_sgbd.evaluation.ksd import ksd, unconstrained_draws_and_scores
+from numpyro_sgbd.evaluation.reference import ESS_PER_CHAIN_MIN, RHAT_MAX, full_batch
+from numpyro_sgbd.kernel import wall_time
+
+__all__ = ["Comparison", "compare", "plot_marginals"]
+
+# Sampler statistics summarised in the table: (field, column, reduction).
+_STATS = (
+    ("potential_energy_estimate", "mean_potential_energy_estimate", np.nanmean),
+    ("mean_noise_sd", "mean_noise_sd", np.nanmean),
+    ("tolerance_exceeded", "frac_tolerance_exceeded", np.nanmean),
+    ("num_nonfinite", "num_nonfinite", np.nanmax),
+    ("diverging", "num_divergent", np.nansum),
+)
+# Fields that are not statistics to average (z itself) or are summarised above.
+_KNOWN_STATS = {field for field, _, _ in _STATS} | {"z", "lp"}
+_SUMMARY = [
+    "num_draws",
+    "xi",
+    "max_bias_mean",
+    "max_bias_var",
+    "max_rel_bias_var",
+    "min_ess_bulk",
+    "ess_per_s",
+    "ksd",
+    "sampling_time",
+    "warnings",
+]
+
+
+@dataclass
+class Comparison:
+    """The result of :func:`compare`: two pandas DataFrames.
+
+    :ivar per_parameter: one row per (run, parameter component), indexed by
+        ``run`` and ``parameter`` (``"beta[0]"``): ``mean``, ``sd``, ``ref_mean``,
+        ``ref_sd``, ``bias_mean`` = ``|mean - ref_mean| / ref_sd``, ``bias_var`` =
+        ``|sd**2 - ref_sd**2| / ref_sd`` (SGBD paper, supplement eq. 40; in the
+        units of the parameter, not scale-free), ``rel_bias_var`` =
+        ``|sd**2 / ref_sd**2 - 1|`` (scale-free), ``ess_bulk``, ``ess_tail`` and
+        ``r_hat`` (NaN for a single chain).
+    :ivar summary: one row per run, indexed by ``run``: ``num_draws``, ``xi`` (the
+        relative error of the posterior sds), ``max_bias_mean``, ``max_bias_var``,
+        ``max_rel_bias_var``, ``min_ess_bulk``, ``ess_per_s``, ``ksd``,
+        ``sampling_time`` (seconds) and the
+        sampler statistics the run recorded (``mean_potential_energy_estimate``,
+        ``mean_noise_sd``, ``frac_tolerance_exceeded``, ``num_nonfinite``,
+        ``num_divergent``, and ``mean_<name>`` for any other scalar statistic,
+        such as :class:`~numpyro_sgbd.SGHMC`'s ``kinetic_energy``,
+        :class:`~numpyro_sgbd.SGNHT`'s ``thermostat`` or :class:`~numpyro_sgbd.NOGIN`'s
+        ``noise_damping``). ``warnings`` lists the kinds of warning an SG kernel
+        issued during the run (its ``run_warnings``: ``"drift"``, ``"step"``,
+        ``"nonfinite"``, ``"convergence"``, ...), ``"none"`` when it issued
+        none, NaN where that is unknown (NUTS, ArviZ data, plain draws). The
+        reference's own row has NaN biases and ``xi``.
+    :ivar bool reference_trustworthy: ``False`` when the reference failed its
+        convergence check: the scores are then against a reference that may be
+        wrong, and the printed table says so first.
+    :ivar str reference_check: the reference's figures (R-hat, bulk ESS) and
+        where they come from.
+    """
+
+    per_parameter: "object"
+    summary: "object"
+    reference_trustworthy: bool = True
+    reference_check: str = ""
+
+    def __str__(self):
+        def fmt(v):
+            if isinstance(v, float) and np.isnan(v):
+                return "-"
+            if isinstance(v, (int, np.integer)) or float(v).is_integer() and v > 99:
+                return f"{int(v)}"
+            return f"{v:.3g}"
+
+        stats = [c for c in self.summary if c not in _SUMMARY]
+        accuracy = self.summary[_SUMMARY].dropna(axis=1, how="all")
+        if "warnings" in accuracy:  # unknown shows as the other NaNs do
+            accuracy = accuracy.assign(warnings=accuracy["warnings"].fillna("-"))
+        parts = []
+        if not self.reference_trustworthy:
+            parts += [
+                "WARNING: these scores are against an untrustworthy reference "
+                f"({self.reference_check}).",
+                "",
+            ]
+        parts += ["Summary over parameters:", accuracy.to_string(float_format=fmt)]
+        if stats:
+            parts += [
+                "",
+                "Sampler statistics (per-draw means; counts are totals):",
+                self.summary[stats].to_string(float_format=fmt),
+            ]
+        for column, title in (
+            ("bias_mean", "Standardised bias of the mean |mean - ref| / ref sd:"),
+            ("bias_var", "Standardised bias of the variance |var - ref| / ref sd:"),
+            ("rel_bias_var", "Relative bias of the variance |var / ref var - 1|:"),
+        ):
+            wide = self.per_parameter[column].unstack("run")
+            wide = wide.loc[
+                list(dict.fromkeys(self.per_parameter.index.get_level_values(1))),
+                list(dict.fromkeys(self.per_parameter.index.get_level_values(0))),
+            ]
+            wide = wide.dropna(axis=1, how="all")
+            parts += ["", title, wide.to_string(float_format=fmt)]
+        return "\n".join(parts)
+
+    __repr__ = __str__
+
+
+def _is_run(value):
+    return isinstance(value, (MCMC, Mapping)) or _arviz.is_inference_data(value)
+
+
+def _named_runs(candidates):
+    # ArviZ's containers are Mappings of their groups: one run, not a dict of runs.
+    if _arviz.is_inference_data(candidates):
+        return {"run": candidates}
+    if (
+        isinstance(candidates, Mapping)
+        and candidates
+        and all(_is_run(v) for v in candidates.values())
+    ):
+        return dict(candidates)
+    if _is_run(candidates):
+        return {"run": candidates}
+    if isinstance(candidates, (list, tuple)) and candidates:
+        return {f"run {i}": run for i, run in enumerate(candidates)}
+    raise TypeError(
+        "candidates must be a run (MCMC, ArviZ InferenceData or DataTree, or a dict "
+        "of draws), a list of runs, or a dict {name: run}; got "
+        f"{type(candidates).__name__}."
+    )
+
+
+def _load(name, run):
+    """(draws grouped by chain, sampler stats grouped by chain, seconds, model info)."""
+    if isinstance(run, MCMC):
+        if run._states is None:
+            raise ValueError(f"run {name!r}: the MCMC object has not been run yet.")
+        draws = {k: np.asarray(v) for k, v in run.get_samples(True).items()}
+        stats = {
+            k: np.asarray(v)
+            for k, v in run.get_extra_fields(group_by_chain=True).items()
+            if not isinstance(v, (dict, tuple)) and np.ndim(v) == 2
+        }
+        sampler = run.sampler
+        model = getattr(sampler, "_model", None) or getattr(sampler, "model", None)
+        if isinstance(model, full_batch):
+            model = model.fn
+        source = (model, run._args, run._kwargs) if model is not None else None
+        # Our kernels note the host time as they run (NumPyro's do not).
+        return draws, stats, wall_time(sampler, run), source
+    if _arviz.is_inference_data(run):
+        posterior = _arviz.group(run, "posterior")
+        if posterior is None:
+            raise ValueError(f"run {name!r}: the ArviZ data has no posterior group.")
+        draws = {k: np.asarray(v) for k, v in posterior.data_vars.items()}
+        sample_stats = _arviz.group(run, "sample_stats")
+        stats = {}
+        if sample_stats is not None:
+            stats = {
+                k: np.asarray(v)
+                for k, v in sample_stats.data_vars.items()
+                if np.ndim(v) == 2
+            }
+        seconds = posterior.attrs.get("sampling_time")
+        return draws, stats, None if seconds is None else float(seconds), None
+    # A dict of draws, NumPyro's get_samples() layout: draws on the leading axis.
+    draws = {k: np.asarray(v)[None] for k, v in run.items()}
+    return draws, {}, None, None
+
+
+def _components(var, array):
+    """Reshape (chain, draw, *shape) to (chain, draw, K) with ArviZ-style names."""
+    shape = array.shape[2:]
+    names = [
+        var if not shape else f"{var}[{', '.join(map(str, idx))}]"
+        for idx in np.ndindex(*shape)
+    ]
+    return names, array.reshape(array.shape[:2] + (-1,))
+
+
+def _check_shapes(name, draws, ref_draws, var_names):
+    for var in var_names:
+        if var not in draws:
+            raise ValueError(
+                f"run {name!r} has no variable {var!r}; the reference has "
+                f"{sorted(ref_draws)} and the run {sorted(draws)}. Pass var_names= "
+                "to compare a common subset."
+            )
+        if draws[var].shape[2:] != ref_draws[var].shape[2:]:
+            raise ValueError(
+                f"variable {var!r} has shape {draws[var].shape[2:]} in run {name!r} "
+                f"but {ref_draws[var].shape[2:]} in the reference."
+            )
+        if draws[var].shape[1] < 2:
+            raise ValueError(
+                f"run {name!r} has {draws[var].shape[1]} draw(s) of {var!r}; "
+                "need at least 2 per chain."
+            )
+
+
+def _draws_and_scores(source, draws, num_draws):
+    model, args, kwargs = source
+    pooled = {k: v.reshape((-1,) + v.shape[2:]) for k, v in draws.items()}
+    return unconstrained_draws_and_scores(
+        model, pooled, *args, num_draws=num_draws, **kwargs
+    )
+
+
+def _ess(names, flat):
+    out = {}
+    for method in ("bulk", "tail"):
+        out[method] = _arviz.ess(flat, method=method).reshape(-1)
+    if flat.shape[0] > 1:
+        out["r_hat"] = _arviz.rhat(flat).reshape(-1)
+    else:
+        out["r_hat"] = np.full(len(names), np.nan)
+    return out
+
+
+def _run_warnings(run):
+    """The kinds of warning the run's SG kernel issued (its ``run_warnings``):
+    ``"none"`` for none, NaN where unknown (NUTS, ArviZ data, plain draws)."""
+    kinds = getattr(getattr(run, "sampler", None), "run_warnings", None)
+    if not isinstance(run, MCMC) or kinds is None:
+        return np.nan
+    kinds = list(dict.fromkeys(kinds))  # each kind once, in the order issued
+    return ", ".join(map(str, kinds)) if kinds else "none"
+
+
+def _reference_check(reference, flat):
+    """``(trustworthy, figures)``: reference_posterior's verdict where it left one
+    (``posterior.attrs["trustworthy"]``), else the largest rank-normalised R-hat
+    and smallest bulk ESS of ``flat`` (chain, draw, K) against its thresholds. One
+    chain is split in two halves for R-hat (ArviZ's split R-hat needs two)."""
+    posterior = (
+        _arviz.group(reference, "posterior")
+        if _arviz.is_inference_data(reference)
+        else None
+    )
+    attrs = {} if posterior is None else posterior.attrs
+    if "trustworthy" in attrs:
+        figures = ", ".join(
+            f"{k} {float(attrs[k]):.3g}"
+            for k in ("max_rhat", "min_ess_bulk", "num_divergent")
+            if k in attrs
+        )
+        return bool(int(attrs["trustworthy"])), (
+            f"reference_posterior's own check: {figures}"
+        )
+    chains, draws = flat.shape[:2]
+    halves = (
+        flat if chains > 1 else flat[:, : draws // 2 * 2].reshape(2, -1, flat.shape[2])
+    )
+    with warnings.catch_warnings():  # a constant component gives NaN, said below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        max_rhat = float(np.nanmax(_arviz.rhat(halves))) if draws >= 8 else np.nan
+        min_ess = float(np.nanmin(_arviz.ess(flat, method="bulk")))
+    ess_min = ESS_PER_CHAIN_MIN * chains
+    trusted = bool(max_rhat < RHAT_MAX and min_ess >= ess_min)
+    figures = (
+        f"max R-hat {max_rhat:.3g} (needs < {RHAT_MAX}), min bulk ESS {min_ess:.0f} "
+        f"(needs >= {ess_min}) over {chains} chain(s) of {draws} draws"
+    )
+    return trusted, figures
+
+
+def compare(
+    candidates,
+    reference,
+    *,
+    var_names=None,
+    reference_name="reference",
+    model=None,
+    model_args=(),
+    model_kwargs=None,
+    ksd_draws=1000,
+    ksd_standardise=True,
+    wall_times=None,
+    strict=False,
+):
+    r"""Accuracy of one or several runs against a reference posterior.
+
+    For every scalar component :math:`j` of the compared variables, with
+    :math:`\bar\theta_j, \hat v_j` a run's mean and variance and :math:`E\theta_j,
+    \mathrm{sd}(\theta_j)` the reference's, this reports the standardised bias of
+    the mean :math:`|\bar\theta_j - E\theta_j| / \mathrm{sd}(\theta_j)` and of the
+    variance :math:`|\hat v_j - \mathrm{Var}\,\theta_j| / \mathrm{sd}(\theta_j)`
+    (SGBD paper, supplement eq. 40), which has the parameter's units, and the
+    scale-free :math:`|\hat v_j / \mathrm{Var}\,\theta_j - 1|`, ArviZ's bulk and
+    tail ESS and R-hat; over all
+    components, the relative error of the posterior standard deviations
+    :math:`\xi = \|\hat\sigma - \sigma_{\mathrm{ref}}\|_2 / \|\sigma_{\mathrm{ref}}\|_2`
+    (tuning paper, Section 4.1), the largest biases, the smallest bulk ESS and the
+    ESS per second of wall time where that is known. With a model, it adds the
+    kernel Stein discrepancy of ``ksd_draws`` equally spaced draws with full-data
+    scores (:func:`~numpyro_sgbd.posterior_ksd`, in unconstrained space, the same
+    number of draws for every run, the reference included, so the values are
+    comparable). By default the KSD is taken in coordinates standardised by the
+    reference's unconstrained posterior sds: with the IMQ kernel's unit length scale
+    and posterior sds far below 1, the raw KSD of a thousand draws measures mostly
+    the size of the scores, not the accuracy (see
+    :func:`~numpyro_sgbd.posterior_ksd`). The
+    sampler statistics a run recorded (the SG kernels' ``potential_energy_estimate``,
+    ``mean_noise_sd``, ``tolerance_exceeded``, ``num_nonfinite``; NUTS's
+    ``diverging``) are summarised too. The reference has a row of its own.
+
+    A run is an :class:`~numpyro.infer.mcmc.MCMC` object after ``run``, ArviZ data
+    with a ``posterior`` group (an :class:`arviz.InferenceData` from ArviZ 0.x or
+    an :class:`xarray.DataTree` from ArviZ 1.x, as ``az.from_numpyro`` and
+    :func:`~numpyro_sgbd.reference_posterior` return them; its
+    ``posterior.attrs["sampling_time"]``, as :func:`~numpyro_sgbd.reference_posterior`
+    sets it, gives the wall time), or a dict of draws with the draws on the leading
+    axis (as ``mcmc.get_samples()``). An :class:`~numpyro.infer.mcmc.MCMC` run of
+    this package's kernels knows its wall time (compilation included, from host
+    times the kernel notes every 256 steps); other runs' come from
+    ``wall_times=`` or the ArviZ attribute, else ``ess_per_s`` is NaN.
+
+    Scores are only as good as the reference. A reference from
+    :func:`~numpyro_sgbd.reference_posterior` carries its own verdict
+    (``posterior.attrs["trustworthy"]``); for any other, the largest rank-normalised
+    R-hat must be below 1.01 and the smallest bulk ESS at least 100 per chain (a
+    single chain is split in two for R-hat). An untrustworthy reference gives a
+    ``UserWarning`` with its figures, ``reference_trustworthy=False`` and a first
+    line in the printed table, or a ``ValueError`` with ``strict=True``.
+
+    :param candidates: a run, a list of runs, or a dict ``{name: run}``.
+    :param reference: the reference run (typically from
+        :func:`~numpyro_sgbd.reference_posterior`).
+    :param var_names: variables to compare (default: every variable of the
+        reference). Each run must have them with the reference's shapes.
+    :param str reference_name: the reference's row label.
+    :param model: the NumPyro model, for the KSD. Default: the model of the first
+        :class:`~numpyro.infer.mcmc.MCMC` candidate (with its data); with neither,
+        the ``ksd`` column is NaN.
+    :param tuple model_args: the model's positional arguments, with ``model``.
+    :param dict model_kwargs: the model's keyword arguments, with ``model``.
+    :param int ksd_draws: draws per run in the KSD (``0`` to skip it).
+    :param bool ksd_standardise: standardise the KSD's coordinates by the
+        reference's sds (default); ``False`` for raw coordinates, as the tuning
+        paper's Table 1.
+    :param dict wall_times: ``{name: seconds}``, overriding the runs' own.
+    :param bool strict: raise instead of warn when the reference is not
+        trustworthy.
+    :return: a :class:`Comparison`; ``print`` it for a readable table.
+    :raises ValueError: on mismatched variable names or shapes, a reference
+        without finite draws, or (with ``strict=True``) an untrustworthy
+        reference. A run with non-finite draws gets a NaN row and a
+        warning naming it; a run whose draws map to non-finite unconstrained values
+        or full-data scores gets a NaN KSD and a warning; the other rows are kept.
+
+    **Example**
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> ref = {"x": rng.normal(size=4000)}
+    >>> shifted = {"x": ref["x"] + 0.5 * ref["x"].std(ddof=1)}
+    >>> table = compare({"shifted": shifted}, ref, ksd_draws=0)
+    >>> round(float(table.summary.loc["shifted", "max_bias_mean"]), 3)
+    0.5
+    """
+    runs = _named_runs(candidates)
+    if reference_name in runs:
+        raise ValueError(
+            f"a candidate is named {reference_name!r}, like the reference; pass "
+            "another reference_name=."
+        )
+    if not (isinstance(ksd_draws, int) and ksd_draws >= 0):
+        raise ValueError(f"ksd_draws must be an int >= 0, got {ksd_draws!r}.")
+    wall_times = dict(wall_times or {})
+    unknown = set(wall_times) - set(runs) - {reference_name}
+    if unknown:
+        raise ValueError(f"wall_times names unknown runs {sorted(unknown)}.")
+    ref_draws, ref_stats, ref_seconds, ref_source = _load(reference_name, reference)
+    if not ref_draws:
+        raise ValueError("the reference has no draws.")
+    if var_names is None:
+        var_names = list(ref_draws)
+    var_names = [var_names] if isinstance(var_names, str) else list(var_names)
+    _check_shapes(reference_name, ref_draws, ref_draws, var_names)
+    loaded = {reference_name: (ref_draws, ref_stats, ref_seconds, ref_source)}
+    for name, run in runs.items():
+        loaded[name] = _load(name, run)
+        _check_shapes(name, loaded[name][0], ref_draws, var_names)
+
+    if model is None:
+        source = next((s for *_, s in loaded.values() if s is not None), None)
+    else:
+        source = (model, tuple(model_args), dict(model_kwargs or {}))
+
+    def pooled(draws):
+        parts = [_components(v, draws[v]) for v in var_names]
+        names = [n for ns, _ in parts for n in ns]
+        return names, np.concatenate([a for _, a in parts], axis=2)
+
+    names, ref_flat = pooled(ref_draws)
+    if not np.all(np.isfinite(ref_flat)):
+        raise ValueError("the reference has non-finite draws; it cannot be compared.")
+    ref_all = ref_flat.reshape(-1, ref_flat.shape[-1])
+    ref_mean, ref_sd = ref_all.mean(0), ref_all.std(0, ddof=1)
+    trusted, figures = _reference_check(reference, ref_flat)
+    if not trusted:
+        message = (
+            f"compare: the reference is not trustworthy ({figures}), so the scores "
+            "against it may be wrong, for correct runs too. Sample a trustworthy "
+            "one first: reference_posterior's warning says what to try (more "
+            "num_warmup/num_samples; laplace='auto', the default, for an "
+            "ill-conditioned posterior); strict=True makes this an error."
+        )
+        if strict:
+            raise ValueError(message)
+        warnings.warn(message, UserWarning, stacklevel=2)
+    runs_by_name = {reference_name: reference, **runs}
+
+    rows, summaries = [], []
+    ksd_scale = None  # set from the reference, whose row comes first
+    for name, (draws, stats, seconds, _) in loaded.items():
+        seconds = wall_times.get(name, seconds)
+        _, flat = pooled(draws)
+        all_draws = flat.reshape(-1, flat.shape[-1])
+        is_ref = name == reference_name
+        finite = bool(np.all(np.isfinite(all_draws)))
+        if not finite:
+            warnings.warn(
+                f"run {name!r} has non-finite draws; its rows in the comparison are "
+                "NaN.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        nan = np.full(len(names), np.nan)
+        if finite:
+            mean, sd = all_draws.mean(0), all_draws.std(0, ddof=1)
+            ess = _ess(names, flat)
+        else:
+            mean, sd, ess = nan, nan, {"bulk": nan, "tail": nan, "r_hat": nan}
+        bias_mean = nan if is_ref else np.abs(mean - ref_mean) / ref_sd
+        bias_var = nan if is_ref else np.abs(sd**2 - ref_sd**2) / ref_sd
+        rel_bias_var = nan if is_ref else np.abs(sd**2 / ref_sd**2 - 1)
+        for j, parameter in enumerate(names):
+            rows.append(
+                dict(
+                    run=name,
+                    parameter=parameter,
+                    mean=mean[j],
+                    sd=sd[j],
+                    ref_mean=ref_mean[j],
+                    ref_sd=ref_sd[j],
+                    bias_mean=bias_mean[j],
+                    bias_var=bias_var[j],
+                    rel_bias_var=rel_bias_var[j],
+                    ess_bulk=ess["bulk"][j],
+                    ess_tail=ess["tail"][j],
+                    r_hat=ess["r_hat"][j],
+                )
+            )
+        min_ess = float(np.min(ess["bulk"])) if finite else np.nan
+        summary = dict(
+            run=name,
+            num_draws=all_draws.shape[0],
+            xi=np.nan
+            if is_ref
+            else float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd)),
+            max_bias_mean=float(np.max(bias_mean)),
+            max_bias_var=float(np.max(bias_var)),
+            max_rel_bias_var=float(np.max(rel_bias_var)),
+            min_ess_bulk=min_ess,
+            ess_per_s=min_ess / seconds if seconds else np.nan,
+            ksd=np.nan,
+            sampling_time=np.nan if seconds is None else float(seconds),
+            warnings=_run_warnings(runs_by_name[name]),
+        )
+        if finite and source is not None and ksd_draws:
+            try:
+                x, s = _draws_and_scores(source, draws, ksd_draws)
+            except ValueError as err:
+                raise ValueError(f"KSD of run {name!r}: {err}") from err
+            good = np.all(np.isfinite(x), axis=1) & np.all(np.isfinite(s), axis=1)
+            if ksd_scale is None:
+                ksd_scale = x[good].std(0, ddof=1) if ksd_standardise else 1.0
+            if good.all():
+                summary["ksd"] = ksd(x / ksd_scale, s * ksd_scale)
+            else:
+                warnings.warn(
+                    f"run {name!r}: {int((~good).sum())} of {good.size} draws map to "
+                    "non-finite unconstrained values or full-data scores (a draw on "
+                    "a support's boundary, or an overflowing likelihood); its KSD is "
+                    "NaN.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        for field, column, reduce in _STATS:
+            if field in stats:
+                with warnings.catch_warnings():  # all-NaN where not estimated
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    summary[column] = float(reduce(stats[field]))
+        # Any other per-draw scalar a sampler records (a new sampler's statistics
+        # reach the table without being registered here).
+        for field in sorted(set(stats) - _KNOWN_STATS):
+            if np.issubdtype(np.asarray(stats[field]).dtype, np.number):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    summary[f"mean_{field}"] = float(np.nanmean(stats[field]))
+        summaries.append(summary)
+    per_parameter = pd.DataFrame(rows).set_index(["run", "parameter"])
+    summary = pd.DataFrame(summaries).set_index("run")
+    known = [c for _, c, _ in _STATS if c in summary]
+    columns = (
+        _SUMMARY + known + [c for c in summary if c not in _SUMMARY and c not in known]
+    )
+    return Comparison(per_parameter, summary[columns], trusted, figures)
+
+
+def plot_marginals(candidates, reference, path, *, var_names=None, bins=40):
+    """Overlay each run's marginal densities on the reference's and write a file.
+
+    One panel per scalar component (as the SGBD paper's Figures 3 and 11), a
+    step-histogram density per run, the reference in black. Runs are given as to
+    :func:`compare`.
+
+    :param candidates: a run, a list of runs, or a dict ``{name: run}``.
+    :param reference: the reference run.
+    :param path: the image file to write (any format matplotlib knows).
+    :param var_names: variables to plot (default: all of the reference's).
+    :param int bins: histogram bins per panel.
+    :return: ``path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {"reference": reference, **_named_runs(candidates)}
+    draws = {name: _load(name, run)[0] for name, run in runs.items()}
+    ref = draws["reference"]
+    var_names = list(ref) if var_names is None else list(np.atleast_1d(var_names))
+    for name, d in draws.items():
+        _check_shapes(name, d, ref, var_names)
+    panels = []
+    for var in var_names:
+        for name, d in draws.items():
+            names, flat = _components(var, d[var])
+            draws[name] = {**d, var: flat}
+        panels += [(var, j, n) for j, n in enumerate(names)]
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False, constrained_layout=True
+    )
+    for (var, j, label), ax in zip(panels, axes.flat):
+        values = {
+            name: d[var][..., j].ravel()[np.isfinite(d[var][..., j].ravel())]
+            for name, d in draws.items()
+        }
+        lo = min(np.quantile(v, 0.002) for v in values.values() if v.size)
+        hi = max(np.quantile(v, 0.998) for v in values.values() if v.size)
+        edges = np.linspace(lo, hi, bins + 1)
+        for name, v in values.items():
+            is_ref = name == "reference"
+            ax.hist(
+                v,
+                bins=edges,
+                density=True,
+                histtype="step",
+                color="black" if is_ref else None,
+                linewidth=2.0 if is_ref else 1.2,
+                label=name,
+                zorder=3 if is_ref else 2,
+            )
+        ax.set_title(label)
+        ax.set_yticks([])
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize="small")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

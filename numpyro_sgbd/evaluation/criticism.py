@@ -1,0 +1,382 @@
+"""Model criticism over every data row: the pointwise log-likelihood of all N rows,
+computed in chunks, and ArviZ data that carry it.
+
+``az.from_numpyro(mcmc)`` on a stochastic-gradient run evaluates the log-likelihood
+through the kernel's :attr:`~numpyro_sgbd.SGBD.model`, on a fixed evaluation subset
+of ``log_likelihood_size`` rows, so ``az.loo`` and ``az.waic`` estimate the elpd of
+that subset. :func:`full_data_log_likelihood` evaluates every row under
+:class:`~numpyro_sgbd.full_batch`, a chunk of rows at a time, and
+:func:`from_numpyro` puts the result in the ``log_likelihood`` group, with
+attributes saying which rows it holds.
+"""
+
+import math
+
+import arviz as az
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from numpyro import handlers
+from numpyro.infer import init_to_sample
+
+from numpyro_sgbd.estimators import as_jax_arrays, split_arrays
+from numpyro_sgbd.evaluation import _arviz
+from numpyro_sgbd.handlers import fix_plates, full_batch
+
+__all__ = ["LOG_LIKELIHOOD_ROWS", "from_numpyro", "full_data_log_likelihood"]
+
+#: The values of :func:`from_numpyro`'s ``log_likelihood`` argument (besides
+#: ``False``) and of the ``log_likelihood_rows`` attribute it writes.
+LOG_LIKELIHOOD_ROWS = ("all", "subset")
+
+# Default memory budget of one chunk, in data rows x draws (as full_batch_scores).
+_CHUNK_ELEMENTS = 4_000_000
+
+
+def _check_chunk_size(chunk_size):
+    if chunk_size is not None and not (
+        isinstance(chunk_size, (int, np.integer))
+        and not isinstance(chunk_size, bool)
+        and chunk_size > 0
+    ):
+        raise ValueError(
+            f"chunk_size must be a positive int (or None), got {chunk_size!r}."
+        )
+
+
+def _layout(model, model_args, model_kwargs):
+    """``(plates, latent, global_sites, observed)`` of ``model``, from one trace with
+    prior values: ``plates`` maps each subsample plate's name to its size N,
+    ``latent`` lists the latent sample sites, ``global_sites`` the latent and
+    deterministic sites outside every subsample plate (the ones to substitute), and
+    ``observed`` maps each observed site to the frame of its subsample plate, or
+    ``None`` outside them.
+
+    A plate counts as subsampled when its declared ``subsample_size`` is below its
+    size, whatever indices a handler has given it, so a kernel's
+    :attr:`~numpyro_sgbd.SGBD.model` (its plate substituted with the evaluation
+    subset) is laid out as the model as written.
+    """
+    # init_to_sample also values sites that cannot be sampled (ImproperUniform).
+    traced = handlers.substitute(handlers.seed(model, 0), substitute_fn=init_to_sample)
+    trace = handlers.trace(traced).get_trace(*model_args, **model_kwargs)
+    plates = {}
+    for site in trace.values():
+        if site["type"] == "plate":
+            size, n = site["args"]
+            if n is not None and n < size:
+                plates[site["name"]] = int(size)
+    latent, global_sites, observed = [], [], {}
+    for name, site in trace.items():
+        if site["type"] not in ("sample", "deterministic"):
+            continue
+        frames = [f for f in site["cond_indep_stack"] if f.name in plates]
+        if site["type"] == "sample" and site["is_observed"]:
+            observed[name] = frames[0] if frames else None
+            continue
+        if site["type"] == "sample":
+            latent.append(name)
+        if not frames:
+            global_sites.append(name)
+    return plates, latent, global_sites, observed
+
+
+def full_data_log_likelihood(
+    model,
+    posterior_samples,
+    *model_args,
+    batch_ndims=1,
+    chunk_size=None,
+    **model_kwargs,
+):
+    r"""The pointwise log-likelihood of every data row, computed in chunks of rows.
+
+    For each draw :math:`\theta_k` and each observed site, the log-density
+    :math:`\log p(y_i \mid \theta_k)` of every row :math:`i = 1..N` of the model's
+    subsample plate, as :func:`numpyro.infer.util.log_likelihood` gives it for
+    :class:`full_batch(model) <numpyro_sgbd.full_batch>` (unscaled: no N/n), the
+    input of PSIS-LOO and WAIC over all the data (``az.loo``, ``az.waic``). The
+    plate is evaluated on ``chunk_size`` rows at a time (all draws of a chunk at
+    once), and each chunk written into the result, so memory beyond the result is
+    O(draws x ``chunk_size``), never O(draws x N) or more. The last chunk is shifted
+    back to end at row N (it overlaps the one before rather than being padded).
+
+    Observed sites outside the subsample plate (a global summary, say) are
+    evaluated once per draw, with their own shape. A model without a subsample plate
+    is evaluated in one pass per draw. The arguments are those of
+    :func:`numpyro.infer.util.log_likelihood`, plus ``chunk_size``.
+
+    :param model: the NumPyro model as written, with its data in one subsample plate
+        ``numpyro.plate(name, N, subsample_size=n)`` (a kernel's
+        :attr:`~numpyro_sgbd.SGBD.model` will do too: its evaluation subset is
+        overridden).
+    :param dict posterior_samples: ``{site: draws}``, with ``batch_ndims`` leading
+        batch axes, for every latent sample site, as
+        :meth:`MCMC.get_samples() <numpyro.infer.mcmc.MCMC.get_samples>` returns them
+        (deterministic sites outside the plate are substituted too; other keys are
+        ignored).
+    :param model_args: the model's positional arguments (the data).
+    :param int batch_ndims: the number of leading batch axes of the draws: 1 for
+        ``(num_samples, ...)``, 2 for ``(num_chains, num_samples, ...)``, 0 for a
+        single draw.
+    :param int chunk_size: data rows per chunk; default keeps draws x rows near
+        4e6.
+    :param model_kwargs: the model's keyword arguments.
+    :return: ``{observed site: array}``, each of shape ``batch_shape + (N,)`` for a
+        site of one datum per row (in general the site's log-density shape under
+        :class:`~numpyro_sgbd.full_batch`), rows in the data's order.
+    :raises ValueError: for a model that subsamples more than one plate, for draws
+        that lack a latent site or disagree on their batch shape, and for a bad
+        ``chunk_size`` or ``batch_ndims``.
+
+    **References**
+
+    1. Vehtari, Gelman & Gabry (2017), *Practical Bayesian model evaluation using
+       leave-one-out cross-validation and WAIC*, Statistics and Computing 27:
+       Section 2 (the pointwise log-likelihood both estimators take).
+
+    >>> import jax.numpy as jnp, numpyro, numpyro.distributions as dist
+    >>> from numpyro.infer.util import log_likelihood
+    >>> from numpyro_sgbd import full_batch
+    >>> def model(y):
+    ...     mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    ...     with numpyro.plate("data", y.shape[0], subsample_size=2) as idx:
+    ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+    >>> y = jnp.arange(5.0)
+    >>> draws = {"mu": jnp.array([0.0, 1.0, 2.0])}
+    >>> ll = full_data_log_likelihood(model, draws, y, chunk_size=2)
+    >>> ll["y"].shape  # 3 draws x all 5 rows, in chunks of 2
+    (3, 5)
+    >>> exact = log_likelihood(full_batch(model), draws, y)["y"]
+    >>> bool(jnp.allclose(ll["y"], exact))
+    True
+    """
+    _check_chunk_size(chunk_size)
+    if not (isinstance(batch_ndims, int) and batch_ndims >= 0):
+        raise ValueError(f"batch_ndims must be an int >= 0, got {batch_ndims!r}.")
+    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+    plates, latent, global_sites, observed = _layout(model, model_args, model_kwargs)
+    if len(plates) > 1:
+        raise ValueError(
+            "full_data_log_likelihood evaluates the rows of one subsample plate in "
+            f"chunks; the model subsamples {sorted(plates)}. Subsample one plate "
+            "(drop subsample_size from the others), or evaluate "
+            "numpyro.infer.util.log_likelihood(full_batch(model), ...) without "
+            "chunks (memory O(draws x N)); from_numpyro takes "
+            "log_likelihood='subset' for ArviZ's group over the evaluation subset."
+        )
+    missing = [name for name in latent if name not in posterior_samples]
+    if missing:
+        raise ValueError(
+            f"posterior_samples lacks the latent site(s) {missing}; pass every "
+            "latent sample site of the model (as mcmc.get_samples() returns them)."
+        )
+    params = {
+        name: jnp.asarray(posterior_samples[name])
+        for name in global_sites
+        if name in posterior_samples
+    }
+    batch_shapes = {name: jnp.shape(v)[:batch_ndims] for name, v in params.items()}
+    if len(set(batch_shapes.values())) > 1 or any(
+        jnp.ndim(v) < batch_ndims for v in params.values()
+    ):
+        raise ValueError(
+            f"every site in posterior_samples needs the same {batch_ndims} leading "
+            f"batch axes (batch_ndims={batch_ndims}); got shapes "
+            f"{ {k: tuple(jnp.shape(v)) for k, v in params.items()} }."
+        )
+    batch_shape = next(iter(batch_shapes.values()), (1,) * batch_ndims)
+    num_draws = math.prod(batch_shape)
+    params = {
+        k: jnp.reshape(v, (num_draws,) + jnp.shape(v)[batch_ndims:])
+        for k, v in params.items()
+    }
+    if not observed:
+        return {}
+
+    widened = full_batch(model)
+    arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
+
+    def one_draw(theta, indices, args, kwargs):
+        fn = handlers.substitute(widened, data=theta)
+        if indices:
+            # Outermost, so these indices win over any given to the plate inside.
+            fn = fix_plates(fn, indices)
+        trace = handlers.trace(fn).get_trace(*args, **kwargs)
+        # Unscaled log-densities, as numpyro.infer.util.log_likelihood returns.
+        return {s: trace[s]["fn"].log_prob(trace[s]["value"]) for s in observed}
+
+    def draws_at(params, indices, arrays):
+        args, kwargs = rebuild(arrays)
+        return jax.vmap(one_draw, (0, None, None, None))(params, indices, args, kwargs)
+
+    if not plates:
+        result = jax.jit(draws_at, static_argnums=1)(params, None, arrays)
+        return {s: jnp.reshape(v, batch_shape + v.shape[1:]) for s, v in result.items()}
+
+    ((plate, size),) = plates.items()
+    if chunk_size is None:
+        chunk_size = max(1, _CHUNK_ELEMENTS // num_draws)
+    c = int(min(chunk_size, size))
+    num_chunks = -(-size // c)
+
+    def chunk(params, start, arrays):
+        return draws_at(params, {plate: start + jnp.arange(c)}, arrays)
+
+    # The axis of each in-plate site's rows in a chunk's result (after the draws').
+    shapes = jax.eval_shape(chunk, params, 0, arrays)
+    axes = {}
+    for site, frame in observed.items():
+        if frame is None:
+            continue
+        shape = shapes[site].shape
+        axis = len(shape) + frame.dim
+        if axis < 1 or shape[axis] != c:
+            raise ValueError(
+                f"Site '{site}' is in the subsample plate '{plate}', but its "
+                f"log-density has shape {shape[1:]} for a chunk of {c} rows, with no "
+                f"axis of the plate (dim={frame.dim}); give the site one "
+                "log-density per row of the plate."
+            )
+        axes[site] = axis
+
+    @jax.jit
+    def run(params, arrays):
+        out = {}
+        if len(axes) < len(observed):  # sites outside the plate: once per draw
+            first = chunk(params, 0, arrays)
+            out = {s: first[s] for s in observed if s not in axes}
+
+        def body(k, rows):
+            start = jnp.minimum(k * c, size - c)
+            part = chunk(params, start, arrays)
+            return {
+                s: lax.dynamic_update_slice_in_dim(rows[s], part[s], start, axis)
+                for s, axis in axes.items()
+            }
+
+        rows = {
+            s: jnp.zeros(
+                shapes[s].shape[:axis] + (size,) + shapes[s].shape[axis + 1 :],
+                shapes[s].dtype,
+            )
+            for s, axis in axes.items()
+        }
+        out.update(lax.fori_loop(0, num_chunks, body, rows))
+        return out
+
+    result = run(params, arrays)
+    return {
+        s: jnp.reshape(result[s], batch_shape + result[s].shape[1:]) for s in observed
+    }
+
+
+def _check_log_likelihood(log_likelihood):
+    if log_likelihood is not False and log_likelihood not in LOG_LIKELIHOOD_ROWS:
+        raise ValueError(
+            "log_likelihood must be 'all' (every data row, computed in chunks), "
+            "'subset' (ArviZ's group over the kernel's fixed evaluation subset) or "
+            f"False (no log_likelihood group), got {log_likelihood!r}."
+        )
+
+
+def from_numpyro(mcmc, *, log_likelihood="all", chunk_size=None, **kwargs):
+    """``az.from_numpyro(mcmc, **kwargs)``, with a ``log_likelihood`` group over
+    every data row.
+
+    With ``log_likelihood="all"`` the group holds
+    :func:`full_data_log_likelihood` of the run's draws: every row of the subsample
+    plate (dimensions ``(chain, draw, <site>_dim_0)``, or the names ``dims=`` gives
+    the site), so ``az.loo`` and ``az.waic`` estimate the elpd of all N rows. With
+    ``"subset"`` it holds ArviZ's own group, over the kernel's fixed evaluation
+    subset of ``log_likelihood_size`` rows (see :attr:`~numpyro_sgbd.SGBD.model`).
+    Either way the group's attributes say which: ``log_likelihood_rows`` (``"all"``
+    or ``"subset"``) and, for a model with a subsample plate,
+    ``log_likelihood_plate`` (its name), ``log_likelihood_size`` (the rows held)
+    and ``data_size`` (its N). The other groups are ArviZ's (``observed_data``
+    holds the evaluation subset). ``False`` gives no ``log_likelihood`` group.
+
+    :param mcmc: a :class:`~numpyro.infer.mcmc.MCMC` that has run, with a kernel
+        built from a model.
+    :param str log_likelihood: ``"all"``, ``"subset"`` or ``False``.
+    :param int chunk_size: rows per chunk for ``"all"`` (see
+        :func:`full_data_log_likelihood`).
+    :param kwargs: passed to ``az.from_numpyro`` (``coords``, ``dims``, ...).
+    :return: the installed ArviZ's container: an :class:`arviz.InferenceData`
+        (ArviZ 0.x) or an :class:`xarray.DataTree` (ArviZ 1.x).
+    :raises ValueError: for a bad ``log_likelihood`` or ``chunk_size`` (before any
+        work), for ``"all"`` with a kernel built from ``potential_fn`` or
+        ``gradient_fn``, and as :func:`full_data_log_likelihood`.
+
+    **References**
+
+    1. Vehtari, Gelman & Gabry (2017), *Practical Bayesian model evaluation using
+       leave-one-out cross-validation and WAIC*, Statistics and Computing 27.
+
+    >>> import jax, numpyro, numpyro.distributions as dist
+    >>> from numpyro.infer import MCMC
+    >>> from numpyro_sgbd import SGLD
+    >>> def model(y):
+    ...     mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    ...     with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+    ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+    >>> y = 1.0 + jax.random.normal(jax.random.key(0), (150,))
+    >>> mcmc = MCMC(SGLD(model, step_size=0.02), num_warmup=50, num_samples=100,
+    ...             progress_bar=False)
+    >>> mcmc.run(jax.random.key(1), y)
+    >>> data = from_numpyro(mcmc, chunk_size=64)
+    >>> group = data["log_likelihood"]  # under ArviZ 0.x and 1.x alike
+    >>> group["y"].shape  # (chain, draw, every row)
+    (1, 100, 150)
+    >>> group.attrs["log_likelihood_rows"], group.attrs["data_size"]
+    ('all', 150)
+    """
+    _check_log_likelihood(log_likelihood)
+    _check_chunk_size(chunk_size)
+    model = mcmc.sampler.model
+    if model is None and log_likelihood is not False:
+        raise ValueError(
+            f"log_likelihood={log_likelihood!r} needs a kernel built from a model; "
+            "this one was built from potential_fn or gradient_fn. Pass "
+            "log_likelihood=False."
+        )
+    # ArviZ's subset group only where asked for (0.x builds one by default).
+    data = az.from_numpyro(mcmc, log_likelihood=log_likelihood == "subset", **kwargs)
+    if log_likelihood is False:
+        return data
+    # The model's arguments as the run had them (az.from_numpyro reads them so too).
+    model_args, model_kwargs = as_jax_arrays((mcmc._args, mcmc._kwargs))
+    plates, _, _, _ = _layout(model, model_args, model_kwargs)
+    if log_likelihood == "all":
+        values = full_data_log_likelihood(
+            model,
+            mcmc.get_samples(group_by_chain=True),
+            *model_args,
+            batch_ndims=2,
+            chunk_size=chunk_size,
+            **model_kwargs,
+        )
+        posterior = _arviz.group(data, "posterior")
+        dataset = _arviz.dict_to_dataset(
+            {name: np.asarray(v) for name, v in values.items()},
+            coords=kwargs.get("coords"),
+            dims=kwargs.get("dims"),
+            index_origin=kwargs.get("index_origin"),
+            library=numpyro,
+        ).assign_coords(chain=posterior["chain"], draw=posterior["draw"])
+        _arviz.set_group(data, "log_likelihood", dataset)
+    # Without a subsample plate ArviZ's group too holds every row.
+    attrs = {"log_likelihood_rows": log_likelihood if plates else "all"}
+    if len(plates) == 1:
+        ((plate, size),) = plates.items()
+        attrs.update(log_likelihood_plate=plate, data_size=size)
+        indices = getattr(mcmc.sampler, "log_likelihood_indices", None) or {}
+        if log_likelihood == "all":
+            attrs["log_likelihood_size"] = size
+        elif plate in indices:
+            attrs["log_likelihood_size"] = len(indices[plate])
+    if "log_likelihood" in _arviz.group_names(data):  # none without observations
+        _arviz.group_attrs(data, "log_likelihood").update(attrs)
+    return data

@@ -1,0 +1,535 @@
+"""Ground truth: the same model with every subsample plate widened to the full data.
+
+:class:`full_batch` widens the plates; :func:`reference_posterior` runs NUTS on the
+widened model, checks that it converged and caches the draws on disk;
+:func:`full_batch_scores` evaluates the exact score at draws of any run, for the
+kernel Stein discrepancy. (:func:`~numpyro_sgbd.modes.posterior_mode`, re-exported
+here, lives in :mod:`numpyro_sgbd.modes`.) The Laplace map NUTS may run in
+comes from :mod:`~numpyro_sgbd.evaluation.laplace`, the cache's keys and files
+from :mod:`~numpyro_sgbd.evaluation.cache`.
+"""
+
+from functools import partial
+import json
+import logging
+from pathlib import Path
+import time
+import warnings
+
+import jax
+from jax import random
+import jax.numpy as jnp
+import numpy as np
+from numpyro import handlers
+from numpyro.infer import MCMC, NUTS, init_to_median, init_to_sample
+from numpyro.infer.util import potential_energy, unconstrain_fn
+
+from numpyro_sgbd.estimators import as_jax_arrays, split_arrays
+from numpyro_sgbd.evaluation import _arviz
+from numpyro_sgbd.evaluation.cache import _cache_key, _load_cached, _save_cached
+from numpyro_sgbd.evaluation.laplace import (
+    _WELL_CONDITIONED,
+    _laplace_choice,
+    _whitened_nuts,
+)
+from numpyro_sgbd.handlers import full_batch
+from numpyro_sgbd.modes import PosteriorMode, posterior_mode
+from numpyro_sgbd.validation import check_plate_data
+
+__all__ = [
+    "PosteriorMode",
+    "full_batch",
+    "full_batch_scores",
+    "posterior_mode",
+    "reference_posterior",
+]
+
+# A reference is trusted when every check passes (Vehtari et al. 2021 for R-hat and
+# ESS; any divergence or saturated tree depth means NUTS may have missed mass).
+RHAT_MAX = 1.01
+ESS_PER_CHAIN_MIN = 100
+_log = logging.getLogger("numpyro_sgbd")
+# Memory budget of one chunk of full_batch_scores, in data rows x draws.
+_CHUNK_ELEMENTS = 4_000_000
+
+
+def _model_sites(model, model_args, model_kwargs):
+    """Latent sample sites, kept deterministic sites and the largest plate size.
+
+    Deterministic sites inside a subsample plate have one value per data point and
+    are dropped, as the SG kernels drop them.
+    """
+
+    def traced(fn):
+        # init_to_sample also values sites that cannot be sampled (ImproperUniform).
+        fn = handlers.substitute(handlers.seed(fn, 0), substitute_fn=init_to_sample)
+        return handlers.trace(fn).get_trace(*model_args, **model_kwargs)
+
+    trace = traced(full_batch(model))
+    data_plates = set()
+    max_size = 1
+    raw = traced(model)
+    for site in raw.values():
+        if site["type"] == "plate":
+            size, n = site["args"]
+            max_size = max(max_size, int(size))
+            if n is not None and n < size:
+                data_plates.add(site["name"])
+    latent, kept = [], []
+    for name, site in trace.items():
+        if site["type"] == "sample" and not site["is_observed"]:
+            latent.append(name)
+            kept.append(name)
+        elif site["type"] == "deterministic":
+            frames = {f.name for f in site["cond_indep_stack"]}
+            if not frames & data_plates:
+                kept.append(name)
+    return latent, kept, max_size
+
+
+def full_batch_scores(model, samples, *model_args, chunk_size=None, **model_kwargs):
+    r"""Draws in unconstrained space and the exact full-data score at each.
+
+    For each draw :math:`\theta_k` (constrained, as
+    :meth:`MCMC.get_samples() <numpyro.infer.mcmc.MCMC.get_samples>` returns it) this
+    gives :math:`z_k = T^{-1}(\theta_k)` in NumPyro's unconstrained space and
+    :math:`\nabla_z \log\pi(z_k) = -\nabla U(z_k)`, with :math:`U` the potential of
+    :class:`full_batch(model) <full_batch>` (prior, Jacobian and all N data points):
+    the inputs of :func:`~numpyro_sgbd.ksd`. Draws are processed ``chunk_size`` at a
+    time, so memory is O(``chunk_size`` x N), never O(m x N).
+
+    :param model: the NumPyro model, with its data in subsample plates.
+    :param dict samples: ``{site: draws}`` with the draws on the leading axis, for
+        every latent sample site (other keys are ignored).
+    :param model_args: the model's positional arguments (the data).
+    :param int chunk_size: draws per evaluation; default keeps chunk x N near 4e6.
+    :param model_kwargs: the model's keyword arguments.
+    :return: ``(z, scores)``, two dicts ``{site: array}`` with the draws' leading axis.
+
+    >>> import jax.numpy as jnp, numpyro, numpyro.distributions as dist
+    >>> def model(y):
+    ...     mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    ...     with numpyro.plate("data", y.shape[0], subsample_size=2):
+    ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+    >>> y = jnp.array([1.0, 2.0, 3.0])
+    >>> z, s = full_batch_scores(model, {"mu": jnp.array([0.0, 1.0])}, y)
+    >>> s["mu"].tolist()  # -mu + sum(y - mu)
+    [6.0, 2.0]
+    """
+    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+    latent, _, max_size = _model_sites(model, model_args, model_kwargs)
+    missing = [name for name in latent if name not in samples]
+    if missing:
+        raise ValueError(
+            f"samples lacks the latent site(s) {missing}; pass every latent sample "
+            "site of the model (as mcmc.get_samples() returns them)."
+        )
+    params = {name: jnp.asarray(samples[name]) for name in latent}
+    sizes = {int(jnp.shape(v)[0]) if jnp.ndim(v) else -1 for v in params.values()}
+    if len(sizes) != 1 or -1 in sizes:
+        raise ValueError(
+            "every site in samples needs the same number of draws on its leading "
+            f"axis; got shapes { {k: tuple(v.shape) for k, v in params.items()} }."
+        )
+    (m,) = sizes
+    if chunk_size is None:
+        chunk_size = max(1, _CHUNK_ELEMENTS // max_size)
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+    chunk_size = min(chunk_size, m)
+    widened = full_batch(model)
+    arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
+
+    def one(theta, arrays):
+        args, kwargs = rebuild(arrays)
+        z = unconstrain_fn(widened, args, kwargs, theta)
+        # Score = grad log density = -grad potential.
+        score = jax.grad(lambda z: -potential_energy(widened, args, kwargs, z))(z)
+        return z, score
+
+    batched = jax.jit(jax.vmap(one, in_axes=(0, None)))
+    zs, scores = [], []
+    for start in range(0, m, chunk_size):
+        chunk = jax.tree.map(lambda v: v[start : start + chunk_size], params)
+        short = chunk_size - jax.tree.leaves(chunk)[0].shape[0]
+        if short:  # pad the last chunk so that one compiled function serves all
+            chunk = jax.tree.map(
+                lambda v: jnp.concatenate([v, jnp.repeat(v[-1:], short, 0)]), chunk
+            )
+        z, score = batched(chunk, arrays)
+        keep = chunk_size - short
+        zs.append(jax.tree.map(lambda v: v[:keep], z))
+        scores.append(jax.tree.map(lambda v: v[:keep], score))
+
+    def cat(parts):
+        return jax.tree.map(lambda *v: jnp.concatenate(v), *parts)
+
+    return cat(zs), cat(scores)
+
+
+def _check_count(value, name, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
+
+
+def reference_posterior(
+    model,
+    *model_args,
+    num_warmup=1000,
+    num_samples=1000,
+    num_chains=2,
+    rng_key=None,
+    chain_method="sequential",
+    dense_mass=False,
+    laplace="auto",
+    target_accept_prob=0.8,
+    max_tree_depth=10,
+    cache_dir=None,
+    strict=False,
+    progress_bar=False,
+    **model_kwargs,
+):
+    r"""The exact posterior of ``model`` by NUTS over all the data, as ArviZ data.
+
+    NUTS runs on :class:`full_batch(model) <full_batch>`, the same model code with
+    every subsample plate widened to its full size. The result is only ground truth
+    if NUTS converged, so every run is checked: the largest R-hat (must be below
+    1.01), the smallest bulk and tail ESS (at least 100 per chain), the number of
+    divergent transitions (none) and the fraction of draws that hit
+    ``max_tree_depth`` (none). A failed check warns with the figures and what to
+    try, or raises with ``strict=True``. The figures are stored in
+    ``idata.posterior.attrs`` (``max_rhat``, ``min_ess_bulk``, ``min_ess_tail``,
+    ``num_divergent``, ``frac_max_tree_depth``, ``trustworthy``) together with
+    ``sampling_time`` (seconds, as PyMC and ArviZ name it), ``laplace`` and
+    ``laplace_reason`` (below) and ``settings``, the arguments that made it (JSON).
+
+    **Ill-conditioned posteriors.** NumPyro's mass-matrix adaptation starts from the
+    identity and shrinks the adapted (co)variance towards it with weight about
+    :math:`5\cdot 10^{-3}/(n+5)` for a window of n draws, which swamps posterior
+    variances far below 1e-3; a diagonal mass matrix cannot remove correlations.
+    On such posteriors (large-N regressions on raw or collinear covariates) NUTS
+    needs its maximal tree depth and does not converge. So by default
+    (``laplace="auto"``) the posterior mode :math:`\hat z` and the Hessian :math:`H`
+    of the potential there are found first (damped Newton in unconstrained space),
+    and NUTS runs in whitened coordinates :math:`u` with :math:`z = \hat z + W u`,
+    :math:`W W^\top \approx H^{-1}` (the Laplace covariance) when the posterior is
+    ill-conditioned there: when the Laplace sds :math:`\sqrt{(H^{-1})_{jj}}` span a
+    ratio above :data:`~numpyro_sgbd.evaluation.laplace.AUTO_SD_RATIO`, the scaled
+    Hessian :math:`D^{-1/2} H D^{-1/2}` (:math:`D` its diagonal) has a condition
+    number above :data:`~numpyro_sgbd.evaluation.laplace.AUTO_CONDITION`, or the
+    shrinkage of the last adaptation window would add more than
+    :data:`~numpyro_sgbd.evaluation.laplace.AUTO_SHRINKAGE` of the smallest Laplace
+    variance. A well-conditioned posterior keeps plain NUTS (the same draws as
+    ``laplace=False``), and so does one whose mode search fails or whose Hessian
+    is not positive definite to the float precision (the ``numpyro_sgbd`` logger
+    says so at WARNING). Up to
+    :data:`~numpyro_sgbd.evaluation.laplace.LAPLACE_DENSE_MAX_DIM` parameters
+    :math:`W` is dense, from the eigendecomposition of the scaled Hessian in
+    float64; above, it is :func:`~numpyro_sgbd.preconditioning.lowrank`'s diagonal
+    plus low-rank map, and the sds judged are the conditional ones,
+    :math:`H_{jj}^{-1/2}`.
+    ``laplace=True`` whitens whatever the figures and raises where ``"auto"``
+    falls back; ``laplace=False`` is plain NUTS. In :math:`u` the posterior has
+    roughly unit variances, so the shrinkage is harmless, and ``dense_mass=True``
+    still adapts the remaining correlation. The chains start at independent draws
+    from the Laplace approximation. What was chosen and why (the measured figures)
+    is in ``idata.posterior.attrs["laplace"]`` (``"dense"``, ``"lowrank"`` or
+    ``"none"``) and ``["laplace_reason"]``, and logged at INFO by the
+    ``numpyro_sgbd`` logger. For condition numbers of the scaled Hessian beyond
+    about 1e6, enable float64 (``jax.config.update("jax_enable_x64", True)``)
+    before building the data: a float32 Hessian cannot resolve the smallest
+    variances.
+
+    **Cache.** With ``cache_dir`` the result is written there as netCDF, in ArviZ's
+    layout (one HDF5 group per ArviZ group, through h5netcdf), under a key that
+    hashes the model's source code, its default arguments and closure values (and
+    those of the functions it closes over), the data (every array's bytes), all the
+    settings above (``laplace="auto"`` as given, not what it chose) and the NumPyro
+    and JAX versions. A later call with the same key
+    loads the file instead of sampling; the ArviZ version is not part of the key,
+    and a file written under ArviZ 0.x loads under 1.x and the other way round. A
+    file that cannot be read is sampled again and overwritten, with a warning.
+    Functions the model calls by global name are not part of the key: after
+    editing one, delete the file or change ``cache_dir``.
+
+    :param model: the NumPyro model, with its data in subsample plates.
+    :param model_args: the model's positional arguments (the data).
+    :param int num_warmup: NUTS warmup (adaptation) iterations per chain.
+    :param int num_samples: draws kept per chain.
+    :param int num_chains: number of chains (at least 2 to check convergence).
+    :param rng_key: a JAX random key (default ``jax.random.key(0)``).
+    :param str chain_method: as :class:`~numpyro.infer.mcmc.MCMC`.
+    :param bool dense_mass: adapt a dense mass matrix (in whitened coordinates when
+        the Laplace map is used).
+    :param laplace: ``"auto"`` (default): precondition by the Laplace covariance
+        at the mode when the posterior is ill-conditioned there; ``True``: always;
+        ``False``: plain NUTS (see above).
+    :param float target_accept_prob: as :class:`~numpyro.infer.hmc.NUTS`.
+    :param int max_tree_depth: as :class:`~numpyro.infer.hmc.NUTS`.
+    :param cache_dir: a folder for cached references, or ``None`` for no cache.
+    :param bool strict: raise instead of warn when a check fails.
+    :param bool progress_bar: show NumPyro's progress bar.
+    :param model_kwargs: the model's keyword arguments.
+    :return: the installed ArviZ's container, as ``az.from_numpyro`` returns it:
+        an :class:`arviz.InferenceData` under ArviZ 0.x, an
+        :class:`xarray.DataTree` under ArviZ 1.x. Either way ``.posterior`` holds
+        the latent sites and the deterministic sites outside the data plates,
+        constrained, and ``.sample_stats`` holds ``lp``, ``diverging``,
+        ``n_steps``, ``tree_depth``, ``acceptance_rate`` and ``step_size``.
+    :raises RuntimeError: with ``strict=True``, when a convergence check fails.
+
+    **References**
+
+    1. Hoffman, M. D. & Gelman, A. (2014). *The No-U-Turn Sampler.* JMLR.
+    2. Vehtari, A., Gelman, A., Simpson, D., Carpenter, B. & Buerkner, P.-C. (2021).
+       *Rank-normalization, folding, and localization: an improved R-hat.* Bayesian
+       Analysis.
+
+    **Example**
+
+    >>> import jax, numpyro, numpyro.distributions as dist
+    >>> def model(y):
+    ...     mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    ...     with numpyro.plate("data", y.shape[0], subsample_size=10):
+    ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+    >>> y = 2.0 + jax.random.normal(jax.random.key(0), (100,))
+    >>> idata = reference_posterior(model, y)
+    >>> bool(idata.posterior.attrs["trustworthy"])
+    True
+    >>> abs(float(idata.posterior["mu"].mean()) - float(y.mean())) < 0.05
+    True
+    """
+    _check_count(num_warmup, "num_warmup", 0)
+    _check_count(num_samples, "num_samples", 1)
+    _check_count(num_chains, "num_chains", 1)
+    _check_count(max_tree_depth, "max_tree_depth", 1)
+    if not 0 < target_accept_prob < 1:
+        raise ValueError(
+            f"target_accept_prob must lie in (0, 1), got {target_accept_prob!r}."
+        )
+    if isinstance(laplace, (bool, np.bool_)):
+        laplace = bool(laplace)
+    elif not (isinstance(laplace, str) and laplace == "auto"):
+        raise ValueError(f"laplace must be 'auto', True or False, got {laplace!r}.")
+    if chain_method not in ("sequential", "parallel", "vectorized"):
+        raise ValueError(
+            "chain_method must be 'sequential', 'parallel' or 'vectorized', got "
+            f"{chain_method!r}."
+        )
+    rng_key = random.key(0) if rng_key is None else rng_key
+    settings = dict(
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        rng_key=np.asarray(random.key_data(rng_key)).tolist()
+        if jnp.issubdtype(rng_key.dtype, jax.dtypes.prng_key)
+        else np.asarray(rng_key).tolist(),
+        chain_method=chain_method,
+        dense_mass=dense_mass,
+        laplace=laplace,
+        target_accept_prob=target_accept_prob,
+        max_tree_depth=max_tree_depth,
+    )
+    path = None
+    if cache_dir is not None:
+        key = _cache_key(model, model_args, model_kwargs, settings)
+        path = Path(cache_dir) / f"reference-{key}.nc"
+        idata = _load_cached(path)
+        if idata is not None:
+            _report(idata.posterior.attrs, strict, loaded_from=path)
+            return idata
+
+    # After the cache: a cached reference was made from these very data (their
+    # bytes are in its key), which passed this check then.
+    check_plate_data(model, model_args, model_kwargs)
+    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+    latent, kept, _ = _model_sites(model, model_args, model_kwargs)
+    if not latent:
+        raise ValueError("model has no latent sample site: nothing to sample.")
+    widened = full_batch(model)
+    key_init, key_run = random.split(rng_key)
+    fields = ("potential_energy", "diverging", "num_steps", "accept_prob")
+    fields += ("adapt_state.step_size",)
+    nuts_kwargs = dict(
+        dense_mass=dense_mass,
+        target_accept_prob=target_accept_prob,
+        max_tree_depth=max_tree_depth,
+    )
+    mcmc_kwargs = dict(
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        chain_method=chain_method,
+        progress_bar=progress_bar,
+    )
+    start = time.perf_counter()
+    whitening, form, reason = None, "none", "laplace=False: plain NUTS"
+    if laplace is not False:
+        whitening, form, reason, unravel = _laplace_choice(
+            model, model_args, model_kwargs, key_init, laplace, num_warmup
+        )
+    fallback = laplace == "auto" and form == "none"
+    fallback = fallback and not reason.startswith(_WELL_CONDITIONED)
+    log = _log.warning if fallback else _log.info
+    log("reference_posterior(laplace=%r): %s", laplace, reason)
+    if whitening is None:
+        mcmc = MCMC(
+            NUTS(widened, init_strategy=init_to_median, **nuts_kwargs), **mcmc_kwargs
+        )
+        mcmc.run(key_run, *model_args, extra_fields=fields, **model_kwargs)
+        samples = mcmc.get_samples(group_by_chain=True)
+        posterior = {name: samples[name] for name in kept}
+    else:
+        potential_fn, to_posterior = _whitened_nuts(
+            widened, model_args, model_kwargs, whitening, unravel
+        )
+        # Independent starts from the Laplace approximation, u ~ N(0, I).
+        shape = (num_chains, whitening.loc.shape[0])
+        u0 = random.normal(key_init, shape, whitening.loc.dtype)
+        mcmc = MCMC(NUTS(potential_fn=potential_fn, **nuts_kwargs), **mcmc_kwargs)
+        mcmc.run(
+            key_run,
+            init_params=u0 if num_chains > 1 else u0[0],
+            extra_fields=fields,
+        )
+        values = to_posterior(mcmc.get_samples(group_by_chain=True))
+        posterior = {name: values[name] for name in kept}
+    stats = mcmc.get_extra_fields(group_by_chain=True)
+    for value in jax.tree.leaves(posterior):
+        value.block_until_ready()
+    seconds = time.perf_counter() - start
+
+    num_steps = np.asarray(stats["num_steps"])
+    sample_stats = {
+        "lp": -np.asarray(stats["potential_energy"]),
+        "diverging": np.asarray(stats["diverging"]),
+        "n_steps": num_steps,
+        "tree_depth": np.floor(np.log2(np.maximum(num_steps, 1))).astype(int) + 1,
+        "acceptance_rate": np.asarray(stats["accept_prob"]),
+        "step_size": np.asarray(stats["adapt_state.step_size"]),
+    }
+    posterior = {k: np.asarray(v) for k, v in posterior.items()}
+    attrs = _diagnose(
+        {k: posterior[k] for k in latent},
+        sample_stats["diverging"],
+        num_steps,
+        max_tree_depth,
+        num_chains,
+    )
+    attrs.update(
+        sampling_time=seconds,
+        num_warmup=num_warmup,
+        laplace=form,
+        laplace_reason=reason,
+        dense_mass=int(dense_mass),
+        # What made it, for a reference loaded from the cache (netCDF attributes
+        # hold strings, not dicts).
+        settings=json.dumps(settings, sort_keys=True),
+    )
+    _report(attrs, strict)
+    idata = _arviz.from_dict(
+        {"posterior": posterior, "sample_stats": sample_stats},
+        attrs={"posterior": attrs},
+    )
+    if path is not None:
+        _save_cached(idata, path)
+    return idata
+
+
+def _diagnose(latent, diverging, num_steps, max_tree_depth, num_chains):
+    """Convergence figures of the latent draws ``{name: (chain, draw, ...)}``."""
+
+    def extreme(diagnostic, fn):
+        values = [np.ravel(diagnostic(v)) for v in latent.values()]
+        values = np.concatenate(values) if values else np.array([np.nan])
+        return float(fn(values)) if np.any(np.isfinite(values)) else float("nan")
+
+    max_rhat = extreme(_arviz.rhat, np.nanmax) if num_chains > 1 else float("nan")
+    # NumPyro counts leapfrog steps; a tree of depth D takes 2^D - 1 of them.
+    saturated = float(np.mean(num_steps >= 2**max_tree_depth - 1))
+    return dict(
+        max_rhat=max_rhat,
+        min_ess_bulk=extreme(partial(_arviz.ess, method="bulk"), np.nanmin),
+        min_ess_tail=extreme(partial(_arviz.ess, method="tail"), np.nanmin),
+        num_divergent=int(np.sum(diverging)),
+        frac_max_tree_depth=saturated,
+        num_chains=num_chains,
+        max_tree_depth=max_tree_depth,
+    )
+
+
+def _report(attrs, strict, loaded_from=None):
+    """Warn (or raise) when the reference failed a convergence check."""
+    chains = int(attrs["num_chains"])
+    problems = []
+    if chains < 2:
+        problems.append("one chain only, so R-hat cannot be checked (num_chains=2+)")
+    elif not attrs["max_rhat"] < RHAT_MAX:
+        problems.append(f"max R-hat {attrs['max_rhat']:.3f} >= {RHAT_MAX}")
+    for kind in ("bulk", "tail"):
+        ess = attrs[f"min_ess_{kind}"]
+        if not ess >= ESS_PER_CHAIN_MIN * chains:
+            problems.append(
+                f"min {kind} ESS {ess:.0f} < {ESS_PER_CHAIN_MIN * chains} "
+                f"({ESS_PER_CHAIN_MIN} per chain)"
+            )
+    if attrs["num_divergent"] > 0:
+        problems.append(f"{attrs['num_divergent']} divergent transitions")
+    if attrs["frac_max_tree_depth"] > 0:
+        problems.append(
+            f"{100 * attrs['frac_max_tree_depth']:.1f}% of draws at max_tree_depth="
+            f"{attrs['max_tree_depth']}"
+        )
+    attrs["trustworthy"] = int(not problems)
+    if not problems:
+        return
+    where = f" (loaded from {loaded_from})" if loaded_from else ""
+    message = (
+        f"The NUTS reference posterior{where} is not trustworthy: "
+        + "; ".join(problems)
+        + ". "
+        + _advice(attrs)
+    )
+    if strict:
+        raise RuntimeError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _advice(attrs):
+    """What to try, given what the failed reference already used."""
+    form = attrs.get("laplace", 0)
+    if isinstance(form, (int, np.integer)):  # a cache written before "auto"
+        form = "dense" if form else "none"
+    setting = json.loads(attrs.get("settings", "{}")).get("laplace", False)
+    reason = str(attrs.get("laplace_reason", ""))
+    if form != "none":
+        return (
+            f"NUTS already ran in coordinates whitened by the {form} Laplace map, so "
+            "the posterior is far from Gaussian (skewed, heavy-tailed or "
+            "multimodal): try more num_warmup, a higher target_accept_prob, or "
+            "laplace=False."
+        )
+    if setting == "auto" and reason.startswith(_WELL_CONDITIONED):
+        return (
+            "The Laplace approximation at the mode is well conditioned, so scale is "
+            "not the trouble: try more num_warmup/num_samples, a higher "
+            "target_accept_prob for divergences, or a reparametrisation (a funnel); "
+            "laplace=True whitens anyway."
+        )
+    if setting == "auto":
+        return (
+            f"laplace='auto' kept plain NUTS ({reason}): the posterior may be "
+            "multimodal or improper. Check the priors, or try more "
+            "num_warmup/num_samples and a higher target_accept_prob."
+        )
+    tips = (
+        "Try more num_warmup/num_samples, laplace='auto' (the default) or "
+        "laplace=True for an ill-conditioned posterior, or a higher "
+        "target_accept_prob for divergences."
+    )
+    if not attrs.get("dense_mass", 0):
+        tips += (
+            " dense_mass=True adapts correlations in a posterior of few parameters "
+            "(it estimates d(d+1)/2 covariances from the warmup draws)."
+        )
+    return tips
