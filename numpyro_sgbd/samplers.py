@@ -283,14 +283,17 @@ class SGBD(_FamilyKernel):
     # (N(sigma, (0.1 sigma)^2)), so tau sigma < 1.702 / 1.3 keeps every move inside
     # the corrected rule's tolerance |w| < 1.702 / tau (SGBD paper, eq. 8).
     _STEP_TARGET = 0.5
-    # Sampling at 0.35 in u: at 0.5 the rule's own bias in the sds was about 0.04
-    # above a Monte Carlo floor of about 0.02 (xi 0.032-0.063 on the three
-    # adaptation-accuracy problems at 3,000 + 30,000 steps, 0.059 on average over
-    # 50 seeds of ISLR Default); at 0.35 it fell to the floor on two of them for
-    # about half the ESS per second (benchmarks/step_targets.py, results.md).
-    # Warmup stays at 0.5: with 0.35 throughout, the scale windows saw too little
-    # of a posterior wider than its Laplace approximation (spike-and-slab: s 1.3
-    # and 2.8 where 3.7 is right).
+    # Sampling at 0.35 in u. Unadjusted Barker on a standard normal has variance
+    # about 1 + 0.66 sigma^2 (simulated: 1.16 at 0.5, 1.08 at 0.35, 1.04 at 0.25),
+    # so its sds come out 7 %, 4 % and 2 % wide. At 0.5 the default's xi was 0.059
+    # on average over 50 seeds of ISLR Default (3,000 + 30,000 steps, Monte Carlo
+    # floor 0.02); at 0.35 0.027-0.039 on average over 8 seeds of each
+    # adaptation-accuracy problem. At 0.25 the bias falls to about 2 % but the ESS
+    # halves, and at 30,000 draws the run-end checks then warned on 4 of 24 runs
+    # (three R-hats just above 1.01, one drift) where 0.35 warned on 1
+    # (benchmarks/step_targets.py --fractions, results.md). Warmup stays at 0.5: with a smaller step
+    # throughout, the scale windows saw too little of a posterior wider than its
+    # Laplace approximation (spike-and-slab: s 1.3 and 2.8 where 3.7 is right).
     _SAMPLING_FRACTION = 0.7
 
     def _noise_step_bound(self, largest):
