@@ -465,7 +465,7 @@ def _accuracy_draws(spec, X, y):
         # The kernel notes (None, perf_counter()) at init and when NumPyro
         # traces its step: the second is where the sampling loop's compilation
         # begins.
-        traced = [t for i, t in kernel._clock if i is None][1]
+        traced = [t for i, t in kernel._monitor.clock if i is None][1]
         return draws, (started, traced - time.perf_counter() + time.time())
     # The whole pipeline a user runs: the mode (centre, start, per-coordinate
     # scales), then the kernel, compiled and run.

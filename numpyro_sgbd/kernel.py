@@ -10,7 +10,6 @@ sampler. The samplers themselves are in :mod:`numpyro_sgbd.samplers`.
 from collections import namedtuple
 import contextlib
 import logging
-import time
 import warnings
 
 import jax
@@ -44,8 +43,8 @@ from numpyro_sgbd.estimators import (
     jit_once,
     split_arrays,
 )
-from numpyro_sgbd.evaluation.drift import drift
 from numpyro_sgbd.handlers import SubsamplePlates, sample_trace
+from numpyro_sgbd.monitoring import wall_time
 from numpyro_sgbd.setup import Setup, dimension, find_centre, find_preconditioner
 from numpyro_sgbd.sharding import any_sharded, data_sharding
 from numpyro_sgbd.validation import (
@@ -149,192 +148,9 @@ flat arrays in u.
 """
 
 
-def _warn_on_host(pred, warn, i, *args):
-    """Call ``warn(i, *args)`` on the host where ``pred`` holds; return ``i``.
-
-    A :func:`jax.pure_callback` whose result is passed on as the iteration count,
-    so XLA cannot drop it. Not :func:`jax.debug.callback`: a computation with an
-    effect loses jit's C++ dispatch path, and NumPyro's progress bar dispatches the
-    compiled step once per iteration from Python, which made a step with the bar on
-    about ten times slower.
-
-    ``warn`` gets NumPy arrays. JAX hands a callback its operands as JAX arrays,
-    and every NumPy function applied to one dispatches a JAX operation (25 us each
-    on this machine's CPU, a compilation the first time): converted once here, our
-    Python in a call takes about 0.06 ms where it took 0.3 (the call itself costs
-    more, see `_CLOCK_EVERY`).
-    """
-
-    def on_host(i, *args):
-        i, args = np.asarray(i), jax.tree.map(np.asarray, args)
-        warn(i, *args)
-        return i
-
-    def call(i, *args):
-        shape = jax.ShapeDtypeStruct(jnp.shape(i), jnp.result_type(i))
-        return jax.pure_callback(on_host, shape, i, *args)
-
-    return jax.lax.cond(pred, call, lambda i, *args: i, i, *args)
-
-
-def _flat_draws(batch_shape, leaves):
-    """The chains' positions, one row each (as ``ravel_pytree`` orders them), on
-    the host, float64: ``leaves`` are the position's leaves, each with the leading
-    ``batch_shape`` (vectorized chains) or none."""
-    rows = int(np.prod(batch_shape))
-    return np.concatenate(
-        [np.asarray(leaf, np.float64).reshape(rows, -1) for leaf in leaves]
-        or [np.zeros((rows, 0))],
-        axis=1,
-    )
-
-
-def _smallest_step(batch_shape, step_size, scale):
-    """Each chain's smallest step in u, on the host: the step in v times the
-    smallest scale (where the noise holds the chain still, its windows shrink the
-    scale and the step in v grows to the target while the move in u stays as
-    small); NaN without an adapted step."""
-    if step_size is None:
-        return np.full(batch_shape, np.nan)
-    step = np.asarray(step_size, np.float64)
-    if scale is not None:
-        step = step * np.min(np.asarray(scale), axis=-1)
-    return step
-
-
-def _warn_nonfinite(i, remedies):
-    warnings.warn(
-        f"A chain produced a non-finite value at iteration {int(np.max(i))} and has "
-        "stopped there (state.num_nonfinite counts the refused steps). "
-        f"{advice.join(remedies)}",
-        RuntimeWarning,
-        stacklevel=2,
-    )
-
-
-# The step calls the host (a "note") for `wall_time`'s clock, the stationarity
-# check's thinned draws and the step check. Warmup is noted at iterations 1, 2, 4,
-# 8, ...; sampling at its own steps t = 1, 2, 4, ... and at the multiples of a
-# spacing that grows with t: `_CLOCK_EVERY` (or `_CLOCK_SAMPLES` samples where
-# that is more) until t holds 2 * `_NOTES_PER_OCTAVE` spacings, after which the
-# spacing doubles with each doubling of t (see `_spacing`). So a long run calls the
-# host about 16 times per doubling (past 8,192 sampling steps at num_steps=1) and
-# keeps 16 to 32 evenly spaced draws for the check.
-# Each call costs far more than its Python: on a 2-core CPU about 0.5 ms (JAX's
-# callback places the operands on the device, some 70 us alone, and the XLA
-# thread pool's idle workers spin against it), so a note every 256 steps cost
-# 1.7 us of a 9 us step at n = 100 (benchmarks (d)). With the progress bar each
-# call also waits for NumPyro's Python loop to let go of the interpreter: hence
-# every `_CLOCK_SAMPLES` samples at most with num_steps > 16 (benchmarks (g)).
-_CLOCK_EVERY = 256
-_CLOCK_SAMPLES = 16
-_NOTES_PER_OCTAVE = 16
 #: Data larger than this, compiled into NumPyro's sampling loop as constants
 #: (``jit_model_args=False``), draw a warning naming ``jit_model_args=True``.
 CONSTANT_DATA_WARN_BYTES = 64 * 2**20
-_CLOCK_EVENTS = 8192  # kept per kernel, newest last
-# The stationarity check needs this many thinned sampling draws per run.
-_DRIFT_MIN_POINTS = 16
-
-
-def _note_every(num_steps):
-    """The sampling notes' first spacing, in steps, for a kernel taking
-    ``num_steps`` steps a sample: ``_CLOCK_EVERY``, or ``_CLOCK_SAMPLES`` samples
-    where that is more."""
-    return max(_CLOCK_EVERY, _CLOCK_SAMPLES * num_steps)
-
-
-def _spacing(t, num_steps):
-    """Steps between two sampling notes at sampling step ``t >= 1`` (host ints):
-    the first spacing ``_note_every(num_steps)``, doubled once for each doubling
-    of ``t`` past ``2 * _NOTES_PER_OCTAVE`` first spacings. So ``t`` holds 16 to
-    32 spacings once it holds 16, and each spacing's multiples are multiples of
-    the one before."""
-    base = _note_every(num_steps)
-    return base << (t // (2 * _NOTES_PER_OCTAVE * base)).bit_length()
-
-
-def _traced_spacing(t, num_steps):
-    """:func:`_spacing` of traced integer steps ``t >= 1``."""
-    base = _note_every(num_steps)
-    octaves = t // (2 * _NOTES_PER_OCTAVE * base)
-    bits = jnp.iinfo(octaves.dtype).bits - jax.lax.clz(octaves)
-    return jnp.left_shift(jnp.asarray(base, t.dtype), bits.astype(t.dtype))
-
-
-def _crossed(before, after, every):
-    """Whether ``(before, after]`` holds a multiple of ``every``."""
-    return after // every != before // every
-
-
-def _two_power_crossed(before, after):
-    """Whether ``(before, after]`` (``0 <= before < after``) holds a power of two:
-    exactly when ``after`` has more bits than ``before``, ``after ^ before >
-    before``."""
-    return (after ^ before) > before
-
-
-def _clock_due(before, after, num_warmup, num_steps):
-    """Whether one sample's steps ``(before, after]`` end with a note: at a power
-    of two of the warmup iteration or of the sampling step ``t = i - num_warmup``,
-    or at a multiple of :func:`_spacing` of ``t``."""
-    sampling = after > num_warmup
-    t0 = jnp.where(sampling, jnp.maximum(before - num_warmup, 0), before)
-    t1 = jnp.where(sampling, after - num_warmup, after)
-    spaced = sampling & _crossed(t0, t1, _traced_spacing(jnp.maximum(t1, 1), num_steps))
-    return jnp.any(_two_power_crossed(t0, t1) | spaced)
-
-
-def wall_time(kernel, mcmc):
-    """Seconds the last ``mcmc.run`` of ``kernel`` took, compilation included, from
-    the host times the kernel noted; ``None`` when they do not cover that run.
-
-    The kernel notes a start when ``init`` runs and when NumPyro traces ``sample``
-    (each ``run`` compiles its loop anew), and the end of warmup iterations 1, 2,
-    4, ... and of sampling iterations 1, 2, 4, ... and every 256th (every
-    ``16 num_steps``-th where that is more; the spacing doubles with each doubling
-    of the run past 32 spacings). The run's iterations are ``(i_end - steps,
-    i_end]``, ``i_end`` the last state's iteration count and ``steps`` the warmup
-    (unless the run resumed from ``post_warmup_state``) plus ``num_samples``,
-    times the kernel's ``num_steps``; the steps after the last note are timed at
-    the rate between the last two.
-    Sequential chains run one after another, each a pass of its own: their times
-    add up. What NumPyro does before ``init`` and after the last step (collecting
-    the draws) is not counted: a few percent of a short run.
-    """
-    events = list(getattr(kernel, "_clock", ()))
-    last = getattr(mcmc, "last_state", None)
-    if not events or last is None or not hasattr(last, "i"):
-        return None
-    i_end = int(np.max(np.asarray(last.i)))
-    resumed = getattr(mcmc, "_warmup_state", None) is not None
-    steps = (mcmc.num_samples + (0 if resumed else mcmc.num_warmup)) * getattr(
-        kernel, "_num_steps", 1
-    )
-    i_start = i_end - steps
-    passes = []
-    for i, t in events:
-        if i is None:  # a start: a new pass unless this one has no ticks yet
-            if not passes or passes[-1]["ticks"]:
-                passes.append({"start": t, "ticks": {}})
-        elif passes:
-            ticks = passes[-1]["ticks"]
-            ticks[i] = max(t, ticks.get(i, t))  # chains on several devices
-    sequential = mcmc.num_chains > 1 and mcmc.chain_method == "sequential"
-    total = 0.0
-    for one in passes[-(mcmc.num_chains if sequential else 1) :]:
-        ticks = sorted(one["ticks"].items())
-        if len(ticks) < 2 or not i_start < ticks[-1][0] <= i_end:
-            return None
-        (i_a, t_a), (i_b, t_b) = ticks[-2:]
-        rate = (t_b - t_a) / (i_b - i_a)
-        if ticks[0][0] <= i_start:
-            # The pass began before this run: the run noted no start of its own
-            # (a resumed run whose step NumPyro did not trace again), and its
-            # compilation time is unknown.
-            return None
-        total += t_b - one["start"] + (i_end - i_b) * rate
-    return total
 
 
 def _model_structure(model, model_args, model_kwargs):
@@ -682,8 +498,8 @@ class _SGKernel(MCMCKernel):
         self.convergence = None
         self._trace_plan = None
         self._convergence_check = None
-        # (iteration or None at `init`, host seconds): see `wall_time`.
-        self._clock = []
+        # The host side of the run checks: see numpyro_sgbd.monitoring.
+        self._monitor = monitoring.Monitor()
 
     # ------------------------------------------------------- what subclasses set
     def _noise_form(self):
@@ -1090,8 +906,7 @@ class _SGKernel(MCMCKernel):
 
     # ------------------------------------------------------------------ MCMC API
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        self._clock.append((None, time.perf_counter()))
-        del self._clock[:-_CLOCK_EVENTS]
+        self._monitor.start()
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         # In steps: `state.i` counts SG steps, num_steps of them per sample.
         self._num_warmup = int(num_warmup) * self._num_steps
@@ -1232,9 +1047,8 @@ class _SGKernel(MCMCKernel):
 
     def sample(self, state, model_args, model_kwargs):
         # Runs in Python when NumPyro traces its loop, at the start of each run.
-        self._clock.append((None, time.perf_counter()))
-        self._drift_points, self._drift_warned = [], False
-        self._step_checked = False
+        self._monitor.start()
+        self._monitor.new_run()
         model_kwargs = {} if model_kwargs is None else model_kwargs
         self._check_closed_over(state, model_args, model_kwargs)
 
@@ -1274,8 +1088,10 @@ class _SGKernel(MCMCKernel):
             state.num_nonfinite == 0
         )
         # One host call for the warning, the clock (see `wall_time`) and the
-        # stationarity check's thinned draws (see `_check_drift`).
-        due = first_stop | _clock_due(
+        # stationarity check's thinned draws (see monitoring.notes.Monitor).
+        if not monitoring.enabled():
+            return new_state if trace is None else new_state._replace(trace=trace)
+        due = first_stop | monitoring.clock_due(
             state.i, new_state.i, self._num_warmup, self._num_steps
         )
         # The drift check's draws and the step check's smallest step are formed on
@@ -1285,7 +1101,7 @@ class _SGKernel(MCMCKernel):
         # with them, 1.9 without; the rest was the calls themselves, see
         # `_CLOCK_EVERY`).
         scale = None if new_state.scale is None else new_state.scale.scale
-        i = _warn_on_host(
+        i = monitoring.call_host(
             due,
             self._on_host,
             new_state.i,
@@ -1301,7 +1117,7 @@ class _SGKernel(MCMCKernel):
         after = (new_state.i - self._num_warmup) // k
         trace = monitoring.record(trace, plan, new_state.z, after)
         ends = monitoring.run_ends(plan, before, after)
-        i = _warn_on_host(ends, self._on_run_end, i, trace.rows)
+        i = monitoring.call_host(ends, self._on_run_end, i, trace.rows)
         return new_state._replace(i=i, trace=trace)
 
     def _on_run_end(self, i, rows):
@@ -1386,80 +1202,13 @@ class _SGKernel(MCMCKernel):
             )
 
     def _on_host(self, i, first_stop, leaves, step_size, scale):
-        if first_stop:
-            self._record_warning("nonfinite")
-            _warn_nonfinite(i, advice.nonfinite_remedies(self._run_facts()))
-        batch_shape = np.shape(i)
-        i = int(np.max(i))
-        self._clock.append((i, time.perf_counter()))
-        if i > self._num_warmup and not getattr(self, "_step_checked", True):
-            self._step_checked = True
-            self._check_step(_smallest_step(batch_shape, step_size, scale))
-        t, k = i - self._num_warmup, self._num_steps
-        if t <= 0:
-            return
-        every, drawn_every = _spacing(t, k), _spacing(max(t - k, 1), k)
-        if _crossed(t - k, t, every):
-            points = getattr(self, "_drift_points", None) or []
-            points.append((t, _flat_draws(batch_shape, leaves)))
-            if len(points) >= _DRIFT_MIN_POINTS and (
-                len(points) == _DRIFT_MIN_POINTS or _two_power_crossed(max(t - k, 0), t)
-            ):
-                self._check_drift(i, [row for _, row in points], drawn_every)
-            # Kept: the draws at the new spacing's multiples (when the spacing
-            # doubles, every other one goes).
-            self._drift_points = [p for p in points if _crossed(p[0] - k, p[0], every)]
+        """A note from the step: the kernel's :class:`~numpyro_sgbd.monitoring.
+        notes.Monitor` takes it."""
+        self._monitor.note(self, i, first_stop, leaves, step_size, scale)
 
     #: ``step_size=None`` warns when warmup ends with a step below this fraction
     #: of the kernel's target in u.
     _STEP_WARN_FRACTION = 0.1
-
-    def _check_step(self, step):
-        """Warn when the adapted step of some chain ended warmup far below its
-        target: the gradient noise, not the posterior, then sets the step, and the
-        chain needs many more iterations per independent draw."""
-        if np.all(np.isnan(step)):
-            return
-        smallest = float(np.nanmin(step))
-        if smallest >= self._STEP_WARN_FRACTION * self._STEP_TARGET:
-            return
-        self._record_warning("step")
-        remedies = advice.step_remedies(self._run_facts())
-        warnings.warn(
-            f"{type(self).__name__}: the gradient noise held the adapted step to "
-            f"{smallest:.3g} in the whitened coordinates (target "
-            f"{self._STEP_TARGET}) at the end of warmup, so each independent draw "
-            f"takes some {(self._STEP_TARGET / smallest) ** 2:.0f} times more "
-            f"iterations (see mcmc.last_state.step_size). {advice.join(remedies)}",
-            UserWarning,
-            stacklevel=2,
-        )
-
-    def _check_drift(self, i, rows, every):
-        """Warn, once per run, when the sampling draws noted so far (``rows``, 16
-        to 32 blocks of rows, ``every`` iterations apart) still drift
-        (:func:`~numpyro_sgbd.evaluation.drift.drift`). Checked when their number
-        reaches 16 and at each power of two of the sampling iterations after that:
-        once for each doubling of the run."""
-        if getattr(self, "_drift_warned", False):
-            return
-        points = np.concatenate(rows)
-        found = drift(points)
-        if found is None:
-            return
-        self._drift_warned = True
-        self._record_warning("drift")
-        j, t, shift = found
-        remedies = advice.drift_remedies(self._run_facts())
-        warnings.warn(
-            f"The chain is still drifting: over the {i - self._num_warmup} sampling "
-            f"iterations so far, the mean of {self._flat_name(j)} moved {shift:.2g} "
-            f"posterior sds between the first and last quarter ({abs(t):.1f} "
-            f"standard errors; draws every {every} iterations). The draws do not "
-            f"yet come from the stationary law. {advice.join(remedies)}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
 
     def _record_warning(self, kind):
         """Note that this run warned (``kind``: "step", "drift", ...), for
@@ -1537,7 +1286,7 @@ class _SGKernel(MCMCKernel):
         state = self.__dict__.copy()
         state["_sample_impl"] = None
         state["_setup"] = self._setup.for_pickling()
-        state["_drift_points"] = []
+        state["_monitor"] = self._monitor.for_pickling()
         state["_convergence_check"] = None
         state["_init_fns"] = {}
         state["_init_param_fns"] = {}

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_sgbd import core
+from numpyro_sgbd import core, monitoring
 from numpyro_sgbd.estimators import _finite_tree
 from numpyro_sgbd.kernel import (
     SGState,
@@ -29,7 +29,6 @@ from numpyro_sgbd.kernel import (
     _has_tracer,
     _per_site,
     _SGKernel,
-    _warn_on_host,
     family_state,
     logger,
 )
@@ -291,9 +290,10 @@ class SGBD(_FamilyKernel):
     # adaptation-accuracy problem. At 0.25 the bias falls to about 2 % but the ESS
     # halves, and at 30,000 draws the run-end checks then warned on 4 of 24 runs
     # (three R-hats just above 1.01, one drift) where 0.35 warned on 1
-    # (benchmarks/step_targets.py --fractions, results.md). Warmup stays at 0.5: with a smaller step
-    # throughout, the scale windows saw too little of a posterior wider than its
-    # Laplace approximation (spike-and-slab: s 1.3 and 2.8 where 3.7 is right).
+    # (benchmarks/step_targets.py --fractions, results.md). Warmup stays at 0.5:
+    # with a smaller step throughout, the scale windows saw too little of a
+    # posterior wider than its Laplace approximation (spike-and-slab: s 1.3 and
+    # 2.8 where 3.7 is right).
     _SAMPLING_FRACTION = 0.7
 
     def _noise_step_bound(self, largest):
@@ -875,6 +875,8 @@ class NOGIN(_SGKernel):
 
     def sample(self, state, model_args, model_kwargs):
         new_state = super().sample(state, model_args, model_kwargs)
+        if not monitoring.enabled():
+            return new_state
         check_at = max(self._num_warmup, _STALL_CHECK_ITERATION)
         stalled = jnp.any(
             (state.i < check_at)
@@ -882,7 +884,7 @@ class NOGIN(_SGKernel):
             & (new_state.noise_damping > _STALL_DAMPING)
         )
         return new_state._replace(
-            i=_warn_on_host(
+            i=monitoring.call_host(
                 stalled, self._warn_stall, new_state.i, new_state.noise_damping
             )
         )

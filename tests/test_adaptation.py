@@ -416,7 +416,7 @@ def test_the_advice_leaves_out_what_is_in_force():
     kernel.run_warnings = ()
     kernel._plates = {"data": (2_000_000, 100, None)}  # as if N were large
     with pytest.warns(UserWarning, match="held the adapted step") as caught:
-        kernel._check_step(np.array([0.001]))
+        kernel._monitor.check_step(kernel, np.array([0.001]))
     text = str(caught[0].message)
     assert "control_variates'" not in text and "step_size=None" not in text
     assert "far from Gaussian" in text and "NUTS" not in text
@@ -424,7 +424,9 @@ def test_the_advice_leaves_out_what_is_in_force():
     rows = np.random.default_rng(0).normal(size=(32, D))
     rows[:, 2] += np.linspace(0.0, 5.0, 32)
     with pytest.warns(RuntimeWarning, match="still drifting") as caught:
-        kernel._check_drift(kernel._num_warmup + 3200, list(rows[:, None]), 100)
+        kernel._monitor.check_drift(
+            kernel, kernel._num_warmup + 3200, list(rows[:, None]), 100
+        )
     text = str(caught[0].message)
     assert "b[2]" in text and "step_size=None" not in text
     assert "num_warmup (now 20)" in text

@@ -132,3 +132,24 @@ def test_rows_are_evenly_spaced_draws_of_the_run():
     np.testing.assert_array_equal(trace.rows[:, 0], [2, 4, 6, 8, 10])
     assert monitoring.run_ends(plan, jnp.asarray(9), jnp.asarray(10))
     assert not monitoring.run_ends(plan, jnp.asarray(10), jnp.asarray(11))
+
+
+def test_monitoring_off_compiles_no_check_and_keeps_the_draws():
+    """``monitoring.off()`` around ``mcmc.run``: the slowly mixing chain of the
+    first test draws exactly the same, but no host call is made (the clock holds
+    only the starts), nothing is recorded and nothing warns."""
+    quiet = SGLD(normal_mean, step_size=3e-4)
+    mcmc = MCMC(quiet, num_warmup=100, num_samples=4000, progress_bar=False)
+    with warnings.catch_warnings(record=True) as caught, monitoring.off():
+        warnings.simplefilter("always")
+        mcmc.run(random.key(0), Y, init_params={"mu": jnp.asarray(MEAN)})
+    assert monitoring.enabled()
+    assert [str(w.message) for w in caught] == []
+    assert all(i is None for i, _ in quiet._monitor.clock)
+    assert quiet.convergence is None and quiet.run_warnings == ()
+    loud, on, messages = _run(normal_mean, 3e-4, MEAN, chains=1)
+    assert any(i is not None for i, _ in loud._monitor.clock)
+    assert any("ESS" in m for m in messages)
+    np.testing.assert_array_equal(
+        np.asarray(mcmc.get_samples()["mu"]), np.asarray(on.get_samples()["mu"])
+    )

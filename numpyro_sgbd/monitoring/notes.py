@@ -1,0 +1,309 @@
+"""The host side of the run checks: when the compiled step calls the host (a
+"note"), the clock :func:`wall_time` reads, and the step, drift and non-finite
+checks a :class:`Monitor` makes there (see :mod:`numpyro_sgbd.monitoring`)."""
+
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from numpyro_sgbd import advice
+from numpyro_sgbd.evaluation.drift import drift
+
+__all__ = ["Monitor", "call_host", "clock_due", "wall_time"]
+
+
+def call_host(pred, warn, i, *args):
+    """Call ``warn(i, *args)`` on the host where ``pred`` holds; return ``i``.
+
+    A :func:`jax.pure_callback` whose result is passed on as the iteration count,
+    so XLA cannot drop it. Not :func:`jax.debug.callback`: a computation with an
+    effect loses jit's C++ dispatch path, and NumPyro's progress bar dispatches the
+    compiled step once per iteration from Python, which made a step with the bar on
+    about ten times slower.
+
+    ``warn`` gets NumPy arrays. JAX hands a callback its operands as JAX arrays,
+    and every NumPy function applied to one dispatches a JAX operation (25 us each
+    on this machine's CPU, a compilation the first time): converted once here, our
+    Python in a call takes about 0.06 ms where it took 0.3 (the call itself costs
+    more, see `_CLOCK_EVERY`).
+    """
+
+    def on_host(i, *args):
+        i, args = np.asarray(i), jax.tree.map(np.asarray, args)
+        warn(i, *args)
+        return i
+
+    def call(i, *args):
+        shape = jax.ShapeDtypeStruct(jnp.shape(i), jnp.result_type(i))
+        return jax.pure_callback(on_host, shape, i, *args)
+
+    return jax.lax.cond(pred, call, lambda i, *args: i, i, *args)
+
+
+def _flat_draws(batch_shape, leaves):
+    """The chains' positions, one row each (as ``ravel_pytree`` orders them), on
+    the host, float64: ``leaves`` are the position's leaves, each with the leading
+    ``batch_shape`` (vectorized chains) or none."""
+    rows = int(np.prod(batch_shape))
+    return np.concatenate(
+        [np.asarray(leaf, np.float64).reshape(rows, -1) for leaf in leaves]
+        or [np.zeros((rows, 0))],
+        axis=1,
+    )
+
+
+def _smallest_step(batch_shape, step_size, scale):
+    """Each chain's smallest step in u, on the host: the step in v times the
+    smallest scale (where the noise holds the chain still, its windows shrink the
+    scale and the step in v grows to the target while the move in u stays as
+    small); NaN without an adapted step."""
+    if step_size is None:
+        return np.full(batch_shape, np.nan)
+    step = np.asarray(step_size, np.float64)
+    if scale is not None:
+        step = step * np.min(np.asarray(scale), axis=-1)
+    return step
+
+
+def _warn_nonfinite(i, remedies):
+    warnings.warn(
+        f"A chain produced a non-finite value at iteration {int(np.max(i))} and has "
+        "stopped there (state.num_nonfinite counts the refused steps). "
+        f"{advice.join(remedies)}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+# The step calls the host (a "note") for `wall_time`'s clock, the stationarity
+# check's thinned draws and the step check. Warmup is noted at iterations 1, 2, 4,
+# 8, ...; sampling at its own steps t = 1, 2, 4, ... and at the multiples of a
+# spacing that grows with t: `_CLOCK_EVERY` (or `_CLOCK_SAMPLES` samples where
+# that is more) until t holds 2 * `_NOTES_PER_OCTAVE` spacings, after which the
+# spacing doubles with each doubling of t (see `_spacing`). So a long run calls the
+# host about 16 times per doubling (past 8,192 sampling steps at num_steps=1) and
+# keeps 16 to 32 evenly spaced draws for the check.
+# Each call costs far more than its Python: on a 2-core CPU about 0.5 ms (JAX's
+# callback places the operands on the device, some 70 us alone, and the XLA
+# thread pool's idle workers spin against it), so a note every 256 steps cost
+# 1.7 us of a 9 us step at n = 100 (benchmarks (d)). With the progress bar each
+# call also waits for NumPyro's Python loop to let go of the interpreter: hence
+# every `_CLOCK_SAMPLES` samples at most with num_steps > 16 (benchmarks (g)).
+_CLOCK_EVERY = 256
+_CLOCK_SAMPLES = 16
+_NOTES_PER_OCTAVE = 16
+_CLOCK_EVENTS = 8192  # kept per kernel, newest last
+# The stationarity check needs this many thinned sampling draws per run.
+_DRIFT_MIN_POINTS = 16
+
+
+def _note_every(num_steps):
+    """The sampling notes' first spacing, in steps, for a kernel taking
+    ``num_steps`` steps a sample: ``_CLOCK_EVERY``, or ``_CLOCK_SAMPLES`` samples
+    where that is more."""
+    return max(_CLOCK_EVERY, _CLOCK_SAMPLES * num_steps)
+
+
+def _spacing(t, num_steps):
+    """Steps between two sampling notes at sampling step ``t >= 1`` (host ints):
+    the first spacing ``_note_every(num_steps)``, doubled once for each doubling
+    of ``t`` past ``2 * _NOTES_PER_OCTAVE`` first spacings. So ``t`` holds 16 to
+    32 spacings once it holds 16, and each spacing's multiples are multiples of
+    the one before."""
+    base = _note_every(num_steps)
+    return base << (t // (2 * _NOTES_PER_OCTAVE * base)).bit_length()
+
+
+def _traced_spacing(t, num_steps):
+    """:func:`_spacing` of traced integer steps ``t >= 1``."""
+    base = _note_every(num_steps)
+    octaves = t // (2 * _NOTES_PER_OCTAVE * base)
+    bits = jnp.iinfo(octaves.dtype).bits - jax.lax.clz(octaves)
+    return jnp.left_shift(jnp.asarray(base, t.dtype), bits.astype(t.dtype))
+
+
+def _crossed(before, after, every):
+    """Whether ``(before, after]`` holds a multiple of ``every``."""
+    return after // every != before // every
+
+
+def _two_power_crossed(before, after):
+    """Whether ``(before, after]`` (``0 <= before < after``) holds a power of two:
+    exactly when ``after`` has more bits than ``before``, ``after ^ before >
+    before``."""
+    return (after ^ before) > before
+
+
+def clock_due(before, after, num_warmup, num_steps):
+    """Whether one sample's steps ``(before, after]`` end with a note: at a power
+    of two of the warmup iteration or of the sampling step ``t = i - num_warmup``,
+    or at a multiple of :func:`_spacing` of ``t``."""
+    sampling = after > num_warmup
+    t0 = jnp.where(sampling, jnp.maximum(before - num_warmup, 0), before)
+    t1 = jnp.where(sampling, after - num_warmup, after)
+    spaced = sampling & _crossed(t0, t1, _traced_spacing(jnp.maximum(t1, 1), num_steps))
+    return jnp.any(_two_power_crossed(t0, t1) | spaced)
+
+
+def wall_time(kernel, mcmc):
+    """Seconds the last ``mcmc.run`` of ``kernel`` took, compilation included, from
+    the host times the kernel noted; ``None`` when they do not cover that run.
+
+    The kernel notes a start when ``init`` runs and when NumPyro traces ``sample``
+    (each ``run`` compiles its loop anew), and the end of warmup iterations 1, 2,
+    4, ... and of sampling iterations 1, 2, 4, ... and every 256th (every
+    ``16 num_steps``-th where that is more; the spacing doubles with each doubling
+    of the run past 32 spacings). The run's iterations are ``(i_end - steps,
+    i_end]``, ``i_end`` the last state's iteration count and ``steps`` the warmup
+    (unless the run resumed from ``post_warmup_state``) plus ``num_samples``,
+    times the kernel's ``num_steps``; the steps after the last note are timed at
+    the rate between the last two.
+    Sequential chains run one after another, each a pass of its own: their times
+    add up. What NumPyro does before ``init`` and after the last step (collecting
+    the draws) is not counted: a few percent of a short run.
+    """
+    monitor = getattr(kernel, "_monitor", None)
+    events = list(monitor.clock) if monitor is not None else []
+    last = getattr(mcmc, "last_state", None)
+    if not events or last is None or not hasattr(last, "i"):
+        return None
+    i_end = int(np.max(np.asarray(last.i)))
+    resumed = getattr(mcmc, "_warmup_state", None) is not None
+    steps = (mcmc.num_samples + (0 if resumed else mcmc.num_warmup)) * getattr(
+        kernel, "_num_steps", 1
+    )
+    i_start = i_end - steps
+    passes = []
+    for i, t in events:
+        if i is None:  # a start: a new pass unless this one has no ticks yet
+            if not passes or passes[-1]["ticks"]:
+                passes.append({"start": t, "ticks": {}})
+        elif passes:
+            ticks = passes[-1]["ticks"]
+            ticks[i] = max(t, ticks.get(i, t))  # chains on several devices
+    sequential = mcmc.num_chains > 1 and mcmc.chain_method == "sequential"
+    total = 0.0
+    for one in passes[-(mcmc.num_chains if sequential else 1) :]:
+        ticks = sorted(one["ticks"].items())
+        if len(ticks) < 2 or not i_start < ticks[-1][0] <= i_end:
+            return None
+        (i_a, t_a), (i_b, t_b) = ticks[-2:]
+        rate = (t_b - t_a) / (i_b - i_a)
+        if ticks[0][0] <= i_start:
+            # The pass began before this run: the run noted no start of its own
+            # (a resumed run whose step NumPyro did not trace again), and its
+            # compilation time is unknown.
+            return None
+        total += t_b - one["start"] + (i_end - i_b) * rate
+    return total
+
+
+class Monitor:
+    """One kernel's host-side record of its runs: the clock (``(iteration or
+    None at a start, host seconds)``, newest last), the thinned sampling draws
+    the drift check reads, and which checks have run. The checks read the
+    kernel's facts (its warmup, ``num_steps``, step target, site names) and
+    record their warnings on it."""
+
+    def __init__(self):
+        self.clock = []
+        self.drift_points = []
+        self.drift_warned = False
+        self.step_checked = True
+
+    def start(self):
+        """Note a start: ``init``, or NumPyro tracing ``sample`` (a run)."""
+        self.clock.append((None, time.perf_counter()))
+        del self.clock[:-_CLOCK_EVENTS]
+
+    def new_run(self):
+        """Forget the last run's drift draws and checks."""
+        self.drift_points, self.drift_warned = [], False
+        self.step_checked = False
+
+    def for_pickling(self):
+        """A copy with the clock but no draws (the drift check starts afresh)."""
+        other = Monitor()
+        other.clock = list(self.clock)
+        return other
+
+    def note(self, kernel, i, first_stop, leaves, step_size, scale):
+        """What the step sends the host (see :func:`clock_due`): the non-finite
+        warning once a chain stops, the clock, the step check at the first note of
+        sampling and the drift check's draws."""
+        if first_stop:
+            kernel._record_warning("nonfinite")
+            _warn_nonfinite(i, advice.nonfinite_remedies(kernel._run_facts()))
+        batch_shape = np.shape(i)
+        i = int(np.max(i))
+        self.clock.append((i, time.perf_counter()))
+        num_warmup, k = kernel._num_warmup, kernel._num_steps
+        if i > num_warmup and not self.step_checked:
+            self.step_checked = True
+            self.check_step(kernel, _smallest_step(batch_shape, step_size, scale))
+        t = i - num_warmup
+        if t <= 0:
+            return
+        every, drawn_every = _spacing(t, k), _spacing(max(t - k, 1), k)
+        if _crossed(t - k, t, every):
+            points = self.drift_points
+            points.append((t, _flat_draws(batch_shape, leaves)))
+            if len(points) >= _DRIFT_MIN_POINTS and (
+                len(points) == _DRIFT_MIN_POINTS or _two_power_crossed(max(t - k, 0), t)
+            ):
+                self.check_drift(kernel, i, [row for _, row in points], drawn_every)
+            # Kept: the draws at the new spacing's multiples (when the spacing
+            # doubles, every other one goes).
+            self.drift_points = [p for p in points if _crossed(p[0] - k, p[0], every)]
+
+    def check_step(self, kernel, step):
+        """Warn when the adapted step of some chain ended warmup far below its
+        target (below ``kernel._STEP_WARN_FRACTION`` of it): the gradient noise,
+        not the posterior, then sets the step, and the chain needs many more
+        iterations per independent draw."""
+        if np.all(np.isnan(step)):
+            return
+        smallest = float(np.nanmin(step))
+        target = kernel._STEP_TARGET
+        if smallest >= kernel._STEP_WARN_FRACTION * target:
+            return
+        kernel._record_warning("step")
+        remedies = advice.step_remedies(kernel._run_facts())
+        warnings.warn(
+            f"{type(kernel).__name__}: the gradient noise held the adapted step to "
+            f"{smallest:.3g} in the whitened coordinates (target "
+            f"{target}) at the end of warmup, so each independent draw "
+            f"takes some {(target / smallest) ** 2:.0f} times more "
+            f"iterations (see mcmc.last_state.step_size). {advice.join(remedies)}",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    def check_drift(self, kernel, i, rows, every):
+        """Warn, once per run, when the sampling draws noted so far (``rows``, 16
+        to 32 blocks of rows, ``every`` iterations apart) still drift
+        (:func:`~numpyro_sgbd.evaluation.drift.drift`). Checked when their number
+        reaches 16 and at each power of two of the sampling iterations after that:
+        once for each doubling of the run."""
+        if self.drift_warned:
+            return
+        found = drift(np.concatenate(rows))
+        if found is None:
+            return
+        self.drift_warned = True
+        kernel._record_warning("drift")
+        j, t, shift = found
+        remedies = advice.drift_remedies(kernel._run_facts())
+        warnings.warn(
+            f"The chain is still drifting: over the {i - kernel._num_warmup} "
+            f"sampling iterations so far, the mean of {kernel._flat_name(j)} moved "
+            f"{shift:.2g} posterior sds between the first and last quarter "
+            f"({abs(t):.1f} standard errors; draws every {every} iterations). The "
+            "draws do not yet come from the stationary law. "
+            f"{advice.join(remedies)}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
