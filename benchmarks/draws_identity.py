@@ -11,9 +11,10 @@ with a constrained site, ``potential_fn``, host-held data) for a short warmup an
 sampling run on fixed keys, and records the draws, the extra fields and the
 last state's leaves. ``--against REV`` checks out REV in a temporary git
 worktree, records its draws with this same case list in a child process that
-imports REV's package, records this tree's in another, and compares: the largest
-absolute difference per case, and which cases differ. It exits 1 when any case
-differs by more than ``--atol`` (0: bit for bit) or exists on one side only.
+imports REV's package (checked), records the draws of the tree this script sits
+in in another, and compares: the largest absolute difference per case, and which
+cases differ. It exits 1 when any case differs by more than ``--atol`` (0: bit
+for bit) or exists on one side only.
 """
 
 import argparse
@@ -189,7 +190,11 @@ def record(path, only=None):
 
     import numpyro_sgbd
 
-    print(f"numpyro_sgbd from {Path(numpyro_sgbd.__file__).parent}", flush=True)
+    where = Path(numpyro_sgbd.__file__).resolve().parent
+    print(f"numpyro_sgbd from {where}", flush=True)
+    expected = os.environ.get("DRAWS_IDENTITY_PACKAGE")
+    if expected and where != Path(expected).resolve() / "numpyro_sgbd":
+        raise SystemExit(f"imported {where}, expected the tree at {expected}")
     store = {}
     for i, (name, (make, args)) in enumerate(sorted(cases().items())):
         if only and name not in only:
@@ -285,7 +290,12 @@ def main(argv=None):
             files = []
             for label, package in (("before", tree), ("after", ROOT)):
                 out = Path(tmp) / f"{label}.npz"
-                env = dict(os.environ, PYTHONPATH=str(package), JAX_PLATFORMS="cpu")
+                env = dict(
+                    os.environ,
+                    PYTHONPATH=str(package),
+                    JAX_PLATFORMS="cpu",
+                    DRAWS_IDENTITY_PACKAGE=str(package),
+                )
                 command = [sys.executable, __file__, "--save", str(out)]
                 command += ["--only", *args.only] if args.only else []
                 print(f"-- recording {label} ({package})", flush=True)
