@@ -9,6 +9,9 @@ sampler. The samplers themselves are in :mod:`numpyro_sgbd.samplers`.
 
 from collections import namedtuple
 import contextlib
+import difflib
+import functools
+import inspect
 import logging
 import warnings
 
@@ -323,6 +326,35 @@ class _SGKernel(MCMCKernel):
     for its integrator."""
 
     sample_field = "z"
+
+    def __init_subclass__(cls, **kwargs):
+        """Give each sampler's constructor a check of its keyword names: a
+        misspelt hyperparameter raises at construction, naming the closest valid
+        name and all of them (Python's own error names neither). ``help()`` still
+        shows the constructor's own signature."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "_checks_names", False):
+            return
+        parameters = inspect.signature(init).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            return
+        names = [n for n in parameters if n != "self"]
+
+        @functools.wraps(init)
+        def checked(self, *args, **kwargs):
+            unknown = [k for k in kwargs if k not in parameters]
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise TypeError(
+                    f"{cls.__name__} got an unexpected keyword argument "
+                    f"{unknown[0]!r}{hint}. Its arguments are: {', '.join(names)}."
+                )
+            return init(self, *args, **kwargs)
+
+        checked._checks_names = True
+        cls.__init__ = checked
 
     def __init__(
         self,

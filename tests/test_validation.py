@@ -144,6 +144,20 @@ def test_a_step_size_given_as_a_string_is_refused(name):
         cls(logistic, step_size="0.05", **REQUIRED.get(name, {}))
 
 
+@pytest.mark.parametrize("name", SAMPLERS)
+def test_a_misspelt_hyperparameter_is_refused_with_the_valid_names(name):
+    """Issue 44: at construction, naming the closest valid name and all of them
+    (Python's own TypeError names neither); the signature in help() stays."""
+    cls = getattr(numpyro_sgbd, name)
+    with pytest.raises(TypeError) as raised:
+        cls(logistic, stepsize=0.05, **REQUIRED.get(name, {}))
+    text = str(raised.value)
+    assert f"{name} got an unexpected keyword argument 'stepsize'" in text
+    assert "did you mean 'step_size'?" in text
+    assert "Its arguments are: model, potential_fn, gradient_fn, step_size" in text
+    assert "step_size" in inspect.signature(cls).parameters
+
+
 def test_other_non_numbers_are_refused():
     with pytest.raises(TypeError, match=r"step_size\['w'\] must be"):
         SGBD(logistic, step_size={"w": "0.05"})
