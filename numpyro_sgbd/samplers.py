@@ -23,15 +23,13 @@ from numpyro_sgbd import core, monitoring
 from numpyro_sgbd.estimators import _finite_tree
 from numpyro_sgbd.kernel import (
     SGState,
-    _check_positive,
-    _check_positive_tree,
     _FamilyKernel,
     _has_tracer,
-    _per_site,
     _SGKernel,
     family_state,
     logger,
 )
+from numpyro_sgbd.options import _check_positive, _check_positive_tree, _per_site
 from numpyro_sgbd.updates import (
     BARKER_TOLERANCE,
     COVARIANCES,
