@@ -137,6 +137,39 @@ def kernel_options(
             "Give exactly one of model, potential_fn or gradient_fn "
             f"(got {len(sources)})."
         )
+    preconditioner, adapt_mass_matrix = _preconditioner_options(
+        model, step_size, preconditioner, adapt_mass_matrix, scale_bounded
+    )
+    if log_likelihood_size is not None and (
+        not isinstance(log_likelihood_size, int) or log_likelihood_size < 1
+    ):
+        raise ValueError(
+            f"log_likelihood_size must be a positive int, got {log_likelihood_size!r}."
+        )
+    gradient, recentre_every = _gradient_options(
+        model, step_size, gradient, replace, centre, recentre_every
+    )
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
+    if not _positive_int(num_steps):
+        raise ValueError(
+            "num_steps must be a positive int (SG steps per sample; 1 is one "
+            f"step per sample as NumPyro's kernels take), got {num_steps!r}."
+        )
+    return KernelOptions(
+        preconditioner,
+        bool(adapt_mass_matrix),
+        gradient,
+        recentre_every,
+        int(num_steps),
+    )
+
+
+def _preconditioner_options(
+    model, step_size, preconditioner, adapt_mass_matrix, scale_bounded
+):
+    """``(preconditioner, adapt_mass_matrix)`` resolved and checked against the
+    step size and the source (see :func:`kernel_options`)."""
     allowed = (None, "auto", "none") + preconditioning.FORMS
     if preconditioner not in allowed:
         raise ValueError(
@@ -186,12 +219,12 @@ def kernel_options(
             "which have no sites: give a positive scalar (about 0.5), or "
             "step_size=None to adapt it."
         )
-    if log_likelihood_size is not None and (
-        not isinstance(log_likelihood_size, int) or log_likelihood_size < 1
-    ):
-        raise ValueError(
-            f"log_likelihood_size must be a positive int, got {log_likelihood_size!r}."
-        )
+    return preconditioner, adapt_mass_matrix
+
+
+def _gradient_options(model, step_size, gradient, replace, centre, recentre_every):
+    """``(gradient, recentre_every)`` resolved and checked, with ``replace`` and
+    ``centre`` (see :func:`kernel_options`)."""
     if gradient is not None and gradient not in GRADIENTS:
         raise ValueError(
             f"gradient must be one of {GRADIENTS} or None, got {gradient!r}."
@@ -222,13 +255,6 @@ def kernel_options(
             f"mcmc.get_samples() or posterior_mode(...).params give), got "
             f"{type(centre).__name__}."
         )
-    if not (isinstance(chunk_size, int) and chunk_size > 0):
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
-    if not _positive_int(num_steps):
-        raise ValueError(
-            "num_steps must be a positive int (SG steps per sample; 1 is one "
-            f"step per sample as NumPyro's kernels take), got {num_steps!r}."
-        )
     if recentre_every is not None:
         if gradient == "minibatch":
             raise ValueError(
@@ -241,10 +267,4 @@ def kernel_options(
                 f"re-centrings), got {recentre_every!r}."
             )
         recentre_every = int(recentre_every)
-    return KernelOptions(
-        preconditioner,
-        bool(adapt_mass_matrix),
-        gradient,
-        recentre_every,
-        int(num_steps),
-    )
+    return gradient, recentre_every
