@@ -1,10 +1,15 @@
-"""The NumPyro adapter of the samplers: model tracing, argument checks, the
-gradient estimator, warmup adaptation, host warnings and the one non-finite guard.
+"""The NumPyro adapter of the samplers: model tracing, the gradient estimator,
+the start, and the glue between NumPyro's ``MCMC`` and the pure pieces.
 
 :class:`_SGKernel` is the :class:`~numpyro.infer.mcmc.MCMCKernel` side (``init``,
 ``sample``, ``postprocess_fn``, diagnostics, pickling); :class:`_FamilyKernel` runs
 any pure update family of :mod:`numpyro_sgbd.updates` on it with no branch on the
-sampler. The samplers themselves are in :mod:`numpyro_sgbd.samplers`.
+sampler, through :func:`numpyro_sgbd.core.build_kernel` (the step, the warmup
+adaptation and the non-finite guard). The shared arguments are checked in
+:mod:`numpyro_sgbd.options`, the set-up found by ``init`` is a
+:class:`~numpyro_sgbd.setup.Setup`, and the run checks are in
+:mod:`numpyro_sgbd.monitoring`. The samplers themselves are in
+:mod:`numpyro_sgbd.samplers`.
 """
 
 from collections import namedtuple
