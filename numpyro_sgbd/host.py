@@ -21,8 +21,8 @@ __all__ = ["HostArray", "host_data"]
 class _Reads:
     """The arrays of one :func:`host_data` call, read together: a model reads
     ``X[idx]`` and ``y[idx]`` with the same indices, and one host callback gathers
-    the rows of all of them (a callback costs 0.26-0.38 ms on a CPU whatever it
-    moves, measured with JAX 0.10.2, so two reads cost twice one)."""
+    the rows of all of them (a callback's cost hardly depends on what it moves,
+    so two reads cost twice one; ``benchmarks/big_data.py`` measures it)."""
 
     def __init__(self, arrays):
         self.arrays = arrays
@@ -135,10 +135,10 @@ def host_data(*arrays):
     through a host callback. No compiled program holds the data, NumPyro's
     sampling loop does not return a copy of them at its end, and
     ``jit_model_args`` makes no difference. The cost is one callback per read
-    (the arrays of one call read by the same indices share it): 0.26 to 0.38 ms
-    on a CPU whatever it moves (JAX 0.10.2), so a small model's step takes
-    several times longer, and on an accelerator a transfer of the step's rows
-    from the host besides.
+    (the arrays of one call read by the same indices share it), whatever it
+    moves, so a small model's step takes several times longer
+    (``benchmarks/big_data.py``), and on an accelerator a transfer of the step's
+    rows from the host besides.
 
     :param arrays: NumPy (or JAX) arrays with the plate's rows along their first
         axis. NumPy arrays are kept without a copy.

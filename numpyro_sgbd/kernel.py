@@ -596,7 +596,8 @@ class _SGKernel(MCMCKernel):
         )
         if self._gradient == "control_variates":
             self._estimator = self._control_variates(shapes, model_args, model_kwargs)
-        # Drawn by NumPy: a compiled draw_indices here took 0.2 s of every run.
+        # Drawn by NumPy: a compiled draw_indices here was a compilation of its
+        # own in every run.
         rng = np.random.default_rng(0)
         self.log_likelihood_indices = {
             name: jnp.asarray(
@@ -708,8 +709,8 @@ class _SGKernel(MCMCKernel):
                 )
             return init_params
         # The search as one compiled function with the data as its arguments:
-        # NumPyro's initialize_model runs it op by op, and each op compiled on
-        # first use cost about 0.6 s in all.
+        # NumPyro's initialize_model runs it op by op, and each op is compiled
+        # apart on first use.
         model, strategy = self.model, self._init_strategy
         prototype = {k: jnp.zeros(v) for k, v in self._z_shapes.items()}
 
@@ -752,7 +753,7 @@ class _SGKernel(MCMCKernel):
         chains start apart, near the mode, on the posterior's scale. One compiled
         program, kept per form and shapes, with L as its argument: run op by op
         the split and the draw compiled five programs (a threefry normal among
-        them), 0.2 to 0.5 s of a fresh run."""
+        them)."""
         pre = self.preconditioner
         cache_key = (pre.form, batched, jax.tree.structure(self._setup.mode)) + tuple(
             (jnp.shape(x), jnp.result_type(x))
@@ -800,7 +801,7 @@ class _SGKernel(MCMCKernel):
         # there, so that no tracer outlives the transform. Not otherwise: inside
         # the programs `_build` compiles (mode search, Hessian, centre), eager
         # evaluation would run every operation on constants as a program of its
-        # own, each compiled apart (about 100 of them, 3 s of a fresh run).
+        # own, each compiled apart (about 100 of them in a fresh process).
         with _eager_if_traced((rng_key, model_args, model_kwargs)):
             self._build(model_args, model_kwargs)
         warn_unadapted(self, num_warmup, self._step_size_arg)
@@ -828,8 +829,8 @@ class _SGKernel(MCMCKernel):
         if self._model is None:
             # A user's potential_fn or gradient_fn: its estimate checked before
             # compiling. The model's own estimators give z's structure and the
-            # noise form the kernel asked for by construction; tracing one more
-            # estimate for them cost 0.18 s of every run.
+            # noise form the kernel asked for by construction, and tracing one
+            # more estimate for them would cost every run a trace of the model.
             def probe_fn(rng_key, z):
                 centre = self._initial_centre(z, model_args, model_kwargs)
                 return self._estimate(rng_key, z, model_args, model_kwargs, centre)
@@ -967,9 +968,8 @@ class _SGKernel(MCMCKernel):
         # The drift check's draws and the step check's smallest step are formed on
         # the host, from what the state holds: formed here, as operands of the
         # host call's branch, they were computed every step though read once in
-        # 256 (vanilla SGBD, n = 100, a CPU: the note cost 2.6 to 3.0 us a step
-        # with them, 1.9 without; the rest was the calls themselves, see
-        # `_CLOCK_EVERY`).
+        # hundreds (about a third of the notes' cost at n = 100; the rest is the
+        # calls themselves, see monitoring.notes).
         scale = None if new_state.scale is None else new_state.scale.scale
         i = monitoring.call_host(
             due,
@@ -1122,8 +1122,8 @@ class _SGKernel(MCMCKernel):
 
         # One compiled function, kept per argument structure: NumPyro's loop
         # first calls it eagerly (to size its buffers), where the model run op
-        # by op compiled each operation apart (a dozen programs, about 0.7 s of
-        # a fresh process). Inside the loop it is traced inline.
+        # by op compiled each operation apart (a dozen programs in a fresh
+        # process). Inside the loop it is traced inline.
         def make(rebuild):
             def constrained(z, arrays):
                 args, kwargs = rebuild(arrays)

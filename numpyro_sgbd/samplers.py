@@ -181,7 +181,7 @@ class SGBD(_FamilyKernel):
         samples, so a run takes ``num_steps * (num_warmup + num_samples)`` steps, and
         ``MCMC``'s ``thinning=t`` keeps every ``t * num_steps``-th step. The draws
         in between are never stored or dispatched: with ``progress_bar=True``
-        NumPyro's 0.1 to 0.2 ms of Python per sample is paid once per
+        NumPyro's Python work per sample is paid once per
         ``num_steps`` steps. The chain is the one ``num_steps=1`` runs with
         ``num_steps`` times the warmup, of which every ``num_steps``-th draw is
         kept.

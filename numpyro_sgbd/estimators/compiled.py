@@ -23,9 +23,8 @@ def split_arrays(tree):
     where a leaf is unhashable).
 
     Data passed to a jitted function as arguments stay out of the compiled program;
-    embedded as constants, a large dataset makes XLA compile slowly (about 1 s more
-    for 10^6 x 10 float32 on two cores), and anew for every function that closes
-    over it.
+    embedded as constants, a large dataset makes XLA compile slowly, and anew for
+    every function that closes over it.
     """
     leaves, treedef = jax.tree.flatten(tree)
     is_array = tuple(isinstance(x, (np.ndarray, jax.Array)) for x in leaves)
@@ -50,8 +49,8 @@ def jit_once(fn):
     """``jax.jit(fn)`` for a program that runs once per set-up (the search's
     start, a kernel's initial state): called on a CPU with concrete arguments, it
     is compiled at XLA's lowest backend optimisation level, where LLVM's passes
-    take most of a small program's compile time (the start's 15 threefry draws
-    compiled in 0.2 s instead of 0.45 s) and running it once costs little.
+    take most of a small program's compile time (about half of it for the
+    start's threefry draws) and running it once costs little.
     Inside a trace (``pmap``, ``vmap`` or another ``jit``: a nested ``jit`` takes
     no compiler options of its own) or on an accelerator, plain ``jax.jit``."""
     plain = jax.jit(fn)

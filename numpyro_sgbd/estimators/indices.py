@@ -30,7 +30,7 @@ def resolve_replace(replace, size, subsample_size):
     ``subsample_size <= size / 100``. There the two schemes differ by at most 1 % in
     gradient-noise variance (:func:`noise_variance_factor`), while a draw without
     replacement costs a sort of the n indices, which on a CPU takes longer than the
-    minibatch gradient of a small model (31 us against 12 us for n = 1000). Above it,
+    minibatch gradient of a small model (about 2.5 times, n = 1000). Above it,
     without replacement, as :class:`~numpyro.primitives.plate` subsamples: its noise
     is smaller by the factor 1 - n/N.
 
@@ -93,11 +93,11 @@ def _randint(rng_key, n, size):
 
     Cost: one threefry block per index, whose two output words are the two
     words (``random.bits`` hashes a block per word under JAX's default
-    ``jax_threefry_partitionable``). Measured in compiled loops of vanilla SGBD
-    steps (n = 1000, d = 10, two cores): 21 us a step with this draw whatever the
-    loop around the step; 28 to 43 us with ``random.randint``, by how XLA:CPU
-    fused its hash into the arithmetic (21 in one lucky loop, NumPyro's); 67 us
-    with the words from ``random.bits``.
+    ``jax_threefry_partitionable``). In compiled loops of vanilla SGBD steps
+    (n = 1000, d = 10, a CPU) a step with this draw cost the same whatever the
+    loop around it; with ``random.randint`` it cost up to twice as much, by how
+    XLA:CPU fused its hash into the arithmetic, and three times with the words
+    from ``random.bits`` (``benchmarks/random_numbers.py``).
     """
     words = _index_words(rng_key, n)
     span = np.uint32(size)
@@ -109,7 +109,7 @@ def _randint(rng_key, n, size):
     # The remainder changes nothing (the index is below size already), but XLA
     # deems it expensive and so computes the indices once, in their own loop,
     # instead of fusing the hash and this arithmetic into each gather of a row,
-    # where they ran once per element of the row (36 against 21 us a step,
+    # where they ran once per element of the row (a step 1.7 times slower,
     # n = 1000, d = 10).
     return ((high + ((low + carry_in) < low)) % span).astype(jnp.int32)
 

@@ -151,9 +151,9 @@ class MinibatchEstimator(Estimator):
     #: (``covariance`` None or ``"diag"``). ``None``, the default, picks by JAX's
     #: default backend: 2**18 (1 MiB of float32) on a CPU, where one row at a
     #: time is fastest at large d (XLA:CPU's batched scatter), and 2**22
-    #: (16 MiB) on an accelerator, where every chunk costs a kernel launch: on
-    #: one H100, matrix factorisation (d = 194,820, n = 800) took 14.6 ms a
-    #: corrected step at 2**18 and 1.31 ms at 2**22 (``benchmarks/results-gpu.md``).
+    #: (16 MiB) on an accelerator, where every chunk costs a kernel launch (a
+    #: corrected step of a large matrix factorisation was about ten times faster
+    #: at 2**22, ``benchmarks/results-gpu.md``).
     #: Set an int, on the class or an instance, to choose.
     row_budget = None
 

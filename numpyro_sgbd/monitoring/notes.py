@@ -25,10 +25,9 @@ def call_host(pred, warn, i, *args):
     about ten times slower.
 
     ``warn`` gets NumPy arrays. JAX hands a callback its operands as JAX arrays,
-    and every NumPy function applied to one dispatches a JAX operation (25 us each
-    on this machine's CPU, a compilation the first time): converted once here, our
-    Python in a call takes about 0.06 ms where it took 0.3 (the call itself costs
-    more, see `_CLOCK_EVERY`).
+    and every NumPy function applied to one dispatches a JAX operation (compiled
+    the first time): converting them once here makes our Python in a call a small
+    part of the call's own cost (see `_CLOCK_EVERY`).
     """
 
     def on_host(i, *args):
@@ -86,12 +85,13 @@ def _warn_nonfinite(i, remedies):
 # spacing doubles with each doubling of t (see `_spacing`). So a long run calls the
 # host about 16 times per doubling (past 8,192 sampling steps at num_steps=1) and
 # keeps 16 to 32 evenly spaced draws for the check.
-# Each call costs far more than its Python: on a 2-core CPU about 0.5 ms (JAX's
-# callback places the operands on the device, some 70 us alone, and the XLA
-# thread pool's idle workers spin against it), so a note every 256 steps cost
-# 1.7 us of a 9 us step at n = 100 (benchmarks (d)). With the progress bar each
-# call also waits for NumPyro's Python loop to let go of the interpreter: hence
-# every `_CLOCK_SAMPLES` samples at most with num_steps > 16 (benchmarks (g)).
+# Each call costs far more than its Python (JAX's callback places the operands
+# on the device, and the XLA thread pool's idle workers spin against it), tens of
+# steps' worth at n = 100, so notes are hundreds of steps apart
+# (`benchmarks/convergence_check.py` and docs/benchmarks.rst, (d), measure it).
+# With the progress bar each call also waits for NumPyro's Python loop to let go
+# of the interpreter: hence every `_CLOCK_SAMPLES` samples at most with
+# num_steps > 16 (docs/benchmarks.rst, (g)).
 _CLOCK_EVERY = 256
 _CLOCK_SAMPLES = 16
 _NOTES_PER_OCTAVE = 16
