@@ -4,6 +4,8 @@ package touches a plate's indices is here.
 :class:`full_batch` widens each subsample plate to all its data (the exact model),
 :class:`fix_plates` gives named plates given indices (a minibatch, a chunk), and
 :class:`SubsamplePlates` records a model's subsample plates while tracing it,
+:func:`subsample_plates` reads them from a trace (the package's one notion of a
+subsample plate),
 :class:`subsample_size` sets a plate's minibatch size without editing the model, and
 :class:`shard_local` makes the model on one shard of sharded data the shard's share
 of the whole potential.
@@ -21,8 +23,35 @@ __all__ = [
     "fix_plates",
     "full_batch",
     "shard_local",
+    "subsample_plates",
     "subsample_size",
 ]
+
+
+def subsample_plates(trace):
+    """``{name: (size, n)}`` of the plates in ``trace`` (a NumPyro trace, concrete
+    or abstract) whose declared ``subsample_size`` n is below their size: what
+    every part of the package counts as a subsample plate, whatever indices a
+    handler has given the plate (so a kernel's :attr:`~numpyro_sgbd.SGBD.model`,
+    its plate fixed to the evaluation rows, has the plates of the model as
+    written).
+
+    >>> import numpyro
+    >>> def model():
+    ...     with numpyro.plate("coef", 3):
+    ...         pass
+    ...     with numpyro.plate("data", 10, subsample_size=4):
+    ...         pass
+    >>> subsample_plates(handlers.trace(handlers.seed(model, 0)).get_trace())
+    {'data': (10, 4)}
+    """
+    plates = {}
+    for site in trace.values():
+        if site["type"] == "plate":
+            size, n = site["args"]
+            if n is not None and n < size:
+                plates[site["name"]] = (int(size), int(n))
+    return plates
 
 
 class full_batch(Messenger):

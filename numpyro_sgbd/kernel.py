@@ -51,7 +51,7 @@ from numpyro_sgbd.estimators import (
     jit_once,
     split_arrays,
 )
-from numpyro_sgbd.handlers import SubsamplePlates, sample_trace
+from numpyro_sgbd.handlers import SubsamplePlates, sample_trace, subsample_plates
 from numpyro_sgbd.monitoring import wall_time
 from numpyro_sgbd.options import (
     _per_site,
@@ -188,7 +188,7 @@ def _model_structure(model, model_args, model_kwargs):
         validate = getattr(numpyro.util, "_validate_model", None)
         if validate is not None:
             validate(trace, plate_warning="loose")
-        plates = recorder.plates
+        plates = subsample_plates(trace)
         dims = {}
         shapes = {}
         deterministic = []
@@ -218,7 +218,7 @@ def _model_structure(model, model_args, model_kwargs):
                 )
             unconstrained = biject_to(site["fn"].support).inv(site["value"])
             shapes[name] = tuple(jnp.shape(unconstrained))
-        found["out"] = (recorder.plates, dims, shapes, deterministic)
+        found["out"] = (plates, dims, shapes, deterministic)
 
     jax.eval_shape(structure)
     return found["out"]

@@ -40,7 +40,12 @@ from numpyro_sgbd.estimators import (
     median_start,
     split_arrays,
 )
-from numpyro_sgbd.handlers import SubsamplePlates, full_batch, sample_trace
+from numpyro_sgbd.handlers import (
+    SubsamplePlates,
+    full_batch,
+    sample_trace,
+    subsample_plates,
+)
 from numpyro_sgbd.sharding import data_sharding
 
 __all__ = [
@@ -99,13 +104,17 @@ def _subsample_plates(model, model_args, model_kwargs):
     """``{name: (size, subsample_size)}`` of the plates that subsample, from an
     abstract trace (:func:`jax.eval_shape`: op by op, it compiled some twenty
     one-operation programs)."""
-    recorder = SubsamplePlates(model)
+    found = {}
 
-    def trace():  # the recorder keeps what is asked; nothing traced leaves
-        sample_trace(recorder, model_args, model_kwargs)
+    def trace():  # only the static plate sizes leave
+        found.update(
+            subsample_plates(
+                sample_trace(SubsamplePlates(model), model_args, model_kwargs)
+            )
+        )
 
     jax.eval_shape(trace)
-    return {k: v for k, v in recorder.plates.items() if v[1] < v[0]}
+    return found
 
 
 def full_data_objective(

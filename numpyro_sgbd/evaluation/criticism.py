@@ -23,7 +23,7 @@ from numpyro.infer import init_to_sample
 
 from numpyro_sgbd.estimators import as_jax_arrays, split_arrays
 from numpyro_sgbd.evaluation import _arviz
-from numpyro_sgbd.handlers import fix_plates, full_batch
+from numpyro_sgbd.handlers import fix_plates, full_batch, subsample_plates
 
 __all__ = ["LOG_LIKELIHOOD_ROWS", "from_numpyro", "full_data_log_likelihood"]
 
@@ -62,12 +62,7 @@ def _layout(model, model_args, model_kwargs):
     # init_to_sample also values sites that cannot be sampled (ImproperUniform).
     traced = handlers.substitute(handlers.seed(model, 0), substitute_fn=init_to_sample)
     trace = handlers.trace(traced).get_trace(*model_args, **model_kwargs)
-    plates = {}
-    for site in trace.values():
-        if site["type"] == "plate":
-            size, n = site["args"]
-            if n is not None and n < size:
-                plates[site["name"]] = int(size)
+    plates = {name: size for name, (size, _) in subsample_plates(trace).items()}
     latent, global_sites, observed = [], [], {}
     for name, site in trace.items():
         if site["type"] not in ("sample", "deterministic"):

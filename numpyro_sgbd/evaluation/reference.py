@@ -32,7 +32,7 @@ from numpyro_sgbd.evaluation.laplace import (
     _laplace_choice,
     _whitened_nuts,
 )
-from numpyro_sgbd.handlers import full_batch
+from numpyro_sgbd.handlers import full_batch, subsample_plates
 from numpyro_sgbd.modes import PosteriorMode, posterior_mode
 from numpyro_sgbd.validation import check_plate_data
 
@@ -66,15 +66,10 @@ def _model_sites(model, model_args, model_kwargs):
         return handlers.trace(fn).get_trace(*model_args, **model_kwargs)
 
     trace = traced(full_batch(model))
-    data_plates = set()
-    max_size = 1
     raw = traced(model)
-    for site in raw.values():
-        if site["type"] == "plate":
-            size, n = site["args"]
-            max_size = max(max_size, int(size))
-            if n is not None and n < size:
-                data_plates.add(site["name"])
+    data_plates = set(subsample_plates(raw))
+    sizes = [int(site["args"][0]) for site in raw.values() if site["type"] == "plate"]
+    max_size = max([1, *sizes])
     latent, kept = [], []
     for name, site in trace.items():
         if site["type"] == "sample" and not site["is_observed"]:
