@@ -857,7 +857,9 @@ class _SGKernel(MCMCKernel):
         is running the kernel (see :mod:`~numpyro_sgbd.monitoring`)."""
         leaves = jax.tree.leaves(one_z)
         dim = sum(int(np.size(x)) for x in leaves)
-        plan = monitoring.plan(monitoring.driving_mcmc(self), dim)
+        # With monitoring.off() the run keeps no record (nor compiles the check).
+        mcmc = monitoring.driving_mcmc(self) if monitoring.enabled() else None
+        plan = monitoring.plan(mcmc, dim)
         check = self._convergence_check
         # Sequential and parallel chains each call `init`: a run starts, and the
         # check's pool of chains with it, only where no chain is pending.

@@ -147,6 +147,7 @@ def test_monitoring_off_compiles_no_check_and_keeps_the_draws():
     assert [str(w.message) for w in caught] == []
     assert all(i is None for i, _ in quiet._monitor.clock)
     assert quiet.convergence is None and quiet.run_warnings == ()
+    assert mcmc.last_state.trace is None  # no record kept in the state either
     loud, on, messages = _run(normal_mean, 3e-4, MEAN, chains=1)
     assert any(i is not None for i, _ in loud._monitor.clock)
     assert any("ESS" in m for m in messages)
