@@ -1097,7 +1097,7 @@ class _SGKernel(MCMCKernel):
             gradient=None if self._model is None else self._gradient,
             adaptive=self._step_size_arg is None,
             plates=plates,
-            dim=sum(int(np.prod(shape)) for shape in shapes.values()),
+            dim=dimension(shapes),
             num_warmup=self._num_warmup // self._num_steps,
         )
 

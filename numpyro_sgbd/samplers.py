@@ -30,6 +30,7 @@ from numpyro_sgbd.kernel import (
     logger,
 )
 from numpyro_sgbd.options import _check_positive, _check_positive_tree, _per_site
+from numpyro_sgbd.setup import dimension
 from numpyro_sgbd.updates import (
     BARKER_TOLERANCE,
     COVARIANCES,
@@ -727,7 +728,7 @@ class NOGIN(_SGKernel):
     def _resolve_noise_form(self, noise_form, shapes, plates):
         if self._covariance_arg != "auto":
             return noise_form
-        d = sum(int(np.prod(shape)) for shape in shapes.values())
+        d = dimension(shapes)
         n = max((m for _, m in plates.values()), default=0)
         self._covariance, why = choose_covariance(d, n)
         logger.info("NOGIN: covariance=%r (%s).", self._covariance, why)
