@@ -3,9 +3,9 @@ package touches a plate's indices is here.
 
 :class:`full_batch` widens each subsample plate to all its data (the exact model),
 :class:`fix_plates` gives named plates given indices (a minibatch, a chunk), and
-:class:`SubsamplePlates` records a model's subsample plates while tracing it,
-:func:`subsample_plates` reads them from a trace (the package's one notion of a
-subsample plate),
+:class:`SubsamplePlates` gives a model's subsample plates prototype indices
+while tracing it, :func:`subsample_plates` reads the plates from a trace (the
+package's one notion of a subsample plate),
 :class:`subsample_size` sets a plate's minibatch size without editing the model, and
 :class:`shard_local` makes the model on one shard of sharded data the shard's share
 of the whole potential.
@@ -156,11 +156,8 @@ def sample_trace(model, model_args, model_kwargs):
 
 
 class SubsamplePlates(Messenger):
-    """Records subsample plates and gives them cheap prototype indices 0..n-1."""
-
-    def __init__(self, fn=None):
-        self.plates = {}
-        super().__init__(fn)
+    """Gives subsample plates cheap prototype indices 0..n-1 (which plates they
+    are, :func:`subsample_plates` reads from the trace)."""
 
     def process_message(self, msg):
         if msg["type"] != "plate" or msg["value"] is not None:
@@ -172,7 +169,6 @@ class SubsamplePlates(Messenger):
                 "subsample_size must be smaller than the plate size; drop "
                 "subsample_size (or make it < size) for this plate."
             )
-        self.plates[msg["name"]] = (size, n)
         msg["value"] = jnp.arange(n)
 
 
