@@ -507,6 +507,22 @@ class _SGKernel(MCMCKernel):
         (unconstrained, by site), how it was found, and the search's report."""
         return self._setup.centre_info
 
+    @property
+    def estimator(self):
+        """After ``init``: the gradient estimator (:mod:`numpyro_sgbd.estimators`),
+        whose ``estimate(rng_key, z, model_args, model_kwargs, centre)`` gives the
+        :class:`~numpyro_sgbd.GradientEstimate` the step uses."""
+        return self._estimator
+
+    @property
+    def sample_kernel(self):
+        """After ``init``: the pure, jittable step ``sample_kernel(state,
+        model_args, model_kwargs) -> state`` of this kernel's chains (vectorized
+        over their leading axis when ``init`` was given several), without the
+        host-side checks of :meth:`sample`; ``None`` before ``init``. As the
+        second function of NumPyro's ``hmc()``."""
+        return self._sample_impl
+
     def _check_probe(self, probe, one_z):
         """Validate the shapes of a gradient estimate (before compiling)."""
 
@@ -1382,11 +1398,15 @@ class _FamilyKernel(_SGKernel):
     def _sample_one(self, state, model_args, model_kwargs):
         return self._kernel_fns()[1](state, model_args, model_kwargs)
 
-    def _noise_bound(self, noise_sd, batch_ndim=0):
+    def noise_bound(self, noise_sd, batch_ndim=0):
         """``(tau, value)`` for the corrected variant's bound ``step * tau^2 <= 2 *
         value`` (recipe paper, eq. 9): ``tau`` the largest noise sd of the
         minibatch gradient, one per chain over the leading ``batch_ndim`` axes,
-        and ``value`` the smallest entry of the diffusion hyperparameter."""
+        and ``value`` the smallest entry of the diffusion hyperparameter; ``None``
+        for a sampler without such a bound or where the noise is not estimated.
+        After ``init``."""
+        if self._NOISE_DIFFUSION is None or noise_sd is None:
+            return None
         leaves = [np.asarray(x) for x in jax.tree.leaves(noise_sd)]
         lead = leaves[0].shape[:batch_ndim]
         flat = np.concatenate([x.reshape(lead + (-1,)) for x in leaves], axis=-1)
@@ -1402,7 +1422,7 @@ class _FamilyKernel(_SGKernel):
             return
         if _has_tracer(state.noise_sd):
             return
-        tau, value = self._noise_bound(state.noise_sd)
+        tau, value = self.noise_bound(state.noise_sd)
         tau = float(tau)
         step = max(float(np.max(x)) for x in jax.tree.leaves(self._step_size))
         name = self._NOISE_DIFFUSION

@@ -566,7 +566,7 @@ def tune(
         u every ``thinning`` steps (rows past ``num_records`` unused), ``gs`` the
         minibatch scores there with ``scores="minibatch"``."""
         kernel = group.kernel
-        sample = kernel._sample_impl
+        sample = kernel.sample_kernel
 
         def to_u(z):
             return pre.to_u(ravel_pytree(z)[0])
@@ -578,7 +578,9 @@ def tune(
             gs = jnp.zeros((_BUFFER, k, d), pre.loc.dtype) if record_grads else None
 
             def minibatch_score(key, z, centre):
-                est = kernel._estimate(random.fold_in(key, 7), z, args, kwargs, centre)
+                est = kernel.estimator.estimate(
+                    random.fold_in(key, 7), z, args, kwargs, centre
+                )
                 return -ravel_pytree(est.z_grad)[0]
 
             def record(j, carry):
@@ -788,9 +790,11 @@ def _within_noise_bound(kernel, state, steps):
     """Per chain: whether its step keeps the corrected variant's injected variance
     positive at the start, the check a kernel given that step makes in ``init``;
     always true for samplers without such a bound."""
-    if getattr(kernel, "_NOISE_DIFFUSION", None) is None or state.noise_sd is None:
+    bound = getattr(kernel, "noise_bound", None)
+    bound = None if bound is None else bound(state.noise_sd, batch_ndim=1)
+    if bound is None:
         return [True] * len(steps)
-    tau, value = kernel._noise_bound(state.noise_sd, batch_ndim=1)
+    tau, value = bound
     return list(np.asarray(steps) * tau**2 <= 2 * value)
 
 
