@@ -16,6 +16,7 @@ from numpyro_sgbd.kernel import Centre, SGState
 from numpyro_sgbd.modes import PosteriorMode, posterior_mode
 from numpyro_sgbd.monitoring import ConvergenceWarning
 from numpyro_sgbd.samplers import (
+    BAOAB,
     NOGIN,
     SGBD,
     SGHMC,
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 # (numpyro_sgbd._threefry) runs only when a program calls it.
 
 __all__ = [
+    "BAOAB",
     "NOGIN",
     "NOGINState",
     "SGBD",

@@ -21,6 +21,7 @@ model and hands NumPyro the pair. The adaptation's pieces (:func:`adapt_step`,
 NOGIN's included.
 """
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 
 from numpyro_sgbd import preconditioning
 from numpyro_sgbd.estimators import _finite_tree
+from numpyro_sgbd.estimators.base import GradientEstimate
 from numpyro_sgbd.updates._tree import tree_mean
 
 __all__ = [
@@ -37,7 +39,11 @@ __all__ = [
     "Family",
     "adapt_scale",
     "adapt_step",
+    "aux_field",
     "build_kernel",
+    "gradient_at_end",
+    "scale_steps",
+    "split_init_key",
     "guard",
     "potential_ok",
     "step_size",
@@ -77,14 +83,27 @@ class Adaptation(NamedTuple):
 class Family(NamedTuple):
     """A pure update family and its hyperparameters, fixed before compiling.
 
+    The protocol (see ``docs/adding_a_sampler.rst``): the family moves a position
+    x (z's pytree without a preconditioner, the flat u with one; always flat when
+    ``flat``) and takes the gradient estimator as a function, so a splitting
+    integrator evaluates it where its scheme needs (NOGIN at the half step, BAOAB
+    between its drifts) and a rule that moves on the gradient at its start
+    (SGBD, SGLD, SGHMC, ...) is lifted by :func:`gradient_at_end`.
+
     :ivar init: ``init(x, rng_key, **init_kwargs) -> aux``, the family's state at
-        position x (z's pytree without a preconditioner, the flat u with one).
-    :ivar step: ``step(rng_key, aux, z_grad, step_size, *, variant, noise_sd,
-        **step_kwargs) -> (aux, info)``, one move given the gradient estimate at
-        ``aux.z``; ``info.noise_exceeded`` is the fraction of coordinates outside
-        the corrected variant's tolerance, and ``info`` holds the sampler's
+        position x, which it keeps in its field ``z``.
+    :ivar step: ``step(rng_key, aux, estimate_fn, step_size, *, estimate,
+        variant, noise_sd, **step_kwargs) -> (aux, estimate, info)``, one move.
+        ``estimate_fn(x)`` is the :class:`~numpyro_sgbd.GradientEstimate` at x (in
+        x's form) from this step's minibatch; ``estimate`` is the one the state
+        keeps from the last step, at ``aux.z`` (``None`` when the state keeps
+        none, ``keeps_gradient=False``). The step returns the last estimate it
+        made, whose potential the state reports (and whose gradient it keeps).
+        ``info.noise_exceeded`` is the fraction of coordinates outside the
+        corrected variant's tolerance, and ``info`` holds the sampler's
         statistics by name.
-    :ivar state_type: the kernel's state (:func:`~numpyro_sgbd.kernel.family_state`).
+    :ivar state_type: the kernel's state (:func:`~numpyro_sgbd.kernel.family_state`,
+        or one with the family's own fields, as :class:`~numpyro_sgbd.NOGINState`).
     :ivar tuple statistics: the sampler's own per-draw statistics, by name.
     :ivar str variant: ``"vanilla"``, ``"corrected"`` or ``"extreme"``.
     :ivar dict init_kwargs: the hyperparameters ``init`` takes.
@@ -97,6 +116,25 @@ class Family(NamedTuple):
         (recipe paper, eq. 9), or ``None``.
     :ivar bool exact_nan_allowed: whether a NaN potential estimate is acceptable
         (a ``gradient_fn`` that gives none).
+    :ivar bool keeps_gradient: whether the state keeps the last estimate's
+        gradient and noise sd (``z_grad``, ``noise_sd``, ``tolerance_exceeded``);
+        otherwise ``mean_noise_sd`` summarises each estimate by itself.
+    :ivar mean_noise_sd: ``mean_noise_sd(estimate, x)``, the state's
+        ``mean_noise_sd`` where it keeps no gradient.
+    :ivar bool flat: whether x is the flat vector also without a preconditioner.
+    :ivar split_init_key: ``rng_key -> (rng_key, key_init, key_estimate)`` of
+        ``init_kernel``.
+    :ivar in_scale: ``(step_size, step_kwargs, s) -> (step_size, step_kwargs)``,
+        the rule with re-estimated scales s of u (:func:`scale_steps`: steps
+        ``step_size * s`` for the coordinate-wise rules).
+    :ivar rescale: ``(moved, state) -> moved``, the family's state after the
+        scales moved from ``state.scale`` to ``moved.scale``, or ``None``.
+    :ivar state_of: ``aux -> dict`` of the state's fields that hold the family's
+        state (:func:`aux_field`: the field ``aux``, without the position when
+        it is z itself).
+    :ivar aux_of: ``(state, x) -> aux``, the family's state back from the
+        kernel's.
+    :ivar tuple checked: statistics whose non-finite values refuse the step.
     """
 
     init: Callable
@@ -110,6 +148,58 @@ class Family(NamedTuple):
     init_noise_sd: Any
     noise_diffusion: Any
     exact_nan_allowed: bool
+    keeps_gradient: bool = True
+    mean_noise_sd: Any = None
+    flat: bool = False
+    split_init_key: Any = None
+    in_scale: Any = None
+    rescale: Any = None
+    state_of: Any = None
+    aux_of: Any = None
+    checked: tuple = ()
+
+
+def _step_at_end(rule, rng_key, aux, estimate_fn, step_size, *, estimate, **kwargs):
+    aux, info = rule(rng_key, aux, estimate.z_grad, step_size, **kwargs)
+    return aux, estimate_fn(aux.z), info
+
+
+def gradient_at_end(rule):
+    """The family step of a ``rule(rng_key, aux, z_grad, step_size, **kwargs) ->
+    (aux, info)`` that moves on the gradient at its start: it moves on the
+    estimate the state keeps, then estimates at the new position for the next
+    step (one evaluation a step, as SGBD paper, Algorithm 2). A
+    :func:`functools.partial`, so a kernel holding it pickles."""
+    return partial(_step_at_end, rule)
+
+
+def split_init_key(rng_key):
+    """The default keys of ``init_kernel``: the chain's, the family's (folded
+    from the estimate's) and the first estimate's."""
+    rng_key, key_est = random.split(rng_key)
+    return rng_key, random.fold_in(key_est, 1), key_est
+
+
+def scale_steps(step_size, step_kwargs, scale):
+    """The coordinate-wise rules in v = u / s are the rules in u with steps
+    ``step_size * s``: the Barker and Langevin moves act coordinate by
+    coordinate, and the tolerance |w| < 1.702 / tau is the same statement in u
+    and in v."""
+    return step_size * scale, step_kwargs
+
+
+def aux_field(preconditioned):
+    """``(state_of, aux_of)`` keeping the family's state in the field ``aux``;
+    without a preconditioner the position is z itself, kept once (``aux.z`` is
+    ``None`` in the state), so the loop carries and guards no copy."""
+
+    def state_of(aux):
+        return {"aux": aux if preconditioned else aux._replace(z=None)}
+
+    def aux_of(state, x):
+        return state.aux if preconditioned else state.aux._replace(z=x)
+
+    return state_of, aux_of
 
 
 # ------------------------------------------------------------------ adaptation
@@ -252,60 +342,121 @@ def _initial_noise(family, z, estimate_noise):
     )
 
 
-def build_kernel(family, estimate, initial_centre, adaptation, bound=noise_step_bound):
+def _estimate_in_x(family, estimate, pre, key, like, model_args, model_kwargs, centre):
+    """``estimate_fn(x)``: the estimator at x through ``key`` and the chain's
+    centre, with its gradient in x's form."""
+
+    def estimate_fn(x):
+        z = to_z(pre, x, like, family.flat)
+        est = estimate(key, z, model_args, model_kwargs, centre)
+        if family.flat:
+            est = est._replace(z_grad=ravel_pytree(est.z_grad)[0])
+        return est
+
+    return estimate_fn
+
+
+def to_x(pre, z, flat=False):
+    """The family's position at z: u with a preconditioner, z (raveled when
+    ``flat``) without."""
+    if pre is not None:
+        return pre.to_u(ravel_pytree(z)[0])
+    return ravel_pytree(z)[0] if flat else z
+
+
+def to_z(pre, x, like, flat=False):
+    """z, with ``like``'s structure, at the family's position x."""
+    if pre is not None:
+        return ravel_pytree(like)[1](pre.to_z(x))
+    return ravel_pytree(like)[1](x) if flat else x
+
+
+def _kept_noise(family, state, est, info, x):
+    """The state's noise fields after an estimate: the moving average of the
+    noise sd, its mean and the fraction over tolerance (kept gradients); or the
+    family's summary of this estimate alone."""
+    if not family.keeps_gradient:
+        return {"mean_noise_sd": family.mean_noise_sd(est, x)}
+    noise_sd, mean_noise_sd = state.noise_sd, state.mean_noise_sd
+    exceeded = state.tolerance_exceeded
+    if noise_sd is not None:
+        beta = family.beta
+        noise_sd = jax.tree.map(
+            lambda old, new: (1 - beta) * old + beta * new, noise_sd, est.noise_sd
+        )
+        mean_noise_sd = tree_mean(noise_sd)
+        exceeded = jnp.asarray(info.noise_exceeded, exceeded.dtype)
+    return {
+        "z_grad": est.z_grad,
+        "noise_sd": noise_sd,
+        "mean_noise_sd": mean_noise_sd,
+        "tolerance_exceeded": exceeded,
+    }
+
+
+def _initial_fields(family, z, est, x):
+    """The state's estimate fields at the start."""
+    nan = jnp.array(jnp.nan, jnp.result_type(float))
+    stats = {name: nan for name in family.statistics}
+    if not family.keeps_gradient:
+        return {"mean_noise_sd": family.mean_noise_sd(est, x), **stats}
+    noise_sd = _initial_noise(family, z, est.noise_sd)
+    return {
+        "z_grad": est.z_grad,
+        "noise_sd": noise_sd,
+        "mean_noise_sd": nan if noise_sd is None else tree_mean(noise_sd),
+        "tolerance_exceeded": nan,
+        **stats,
+    }
+
+
+def build_kernel(
+    family, estimate, initial_centre, adaptation, bound=noise_step_bound, allowed=None
+):
     """``(init_kernel, sample_kernel)`` for one chain of ``family``'s rule with
     gradients from ``estimate`` and warmup by ``adaptation``.
 
     ``init_kernel(rng_key, z, model_args, model_kwargs) -> state`` and
     ``sample_kernel(state, model_args, model_kwargs) -> state`` are pure and
-    jittable (``jax.vmap`` them for vectorized chains). The position x the family
-    moves is z's pytree without a preconditioner and the flat u with one, where
-    ``z_grad`` and ``noise_sd`` come in the same form. With re-estimated scales s
-    the step is ``step_size * s`` per coordinate of u: the rule in v = u / s for
-    the coordinate-wise rules. ``bound(family, largest noise sd)`` is the largest
-    step the noise allows (:func:`noise_step_bound` by default).
+    jittable (``jax.vmap`` them for vectorized chains). Each step splits the
+    chain's key into the family's and the estimator's, hands the family
+    ``estimate_fn`` (:class:`Family`), records the estimate it returns, adapts
+    the scales and the step (:func:`adapt_scale`, :func:`adapt_step`) and
+    refuses a non-finite move (:func:`guard`). ``allowed(state)`` is the step
+    the noise allows now; by default :func:`step_allowed` with ``bound(family,
+    largest noise sd)`` (:func:`noise_step_bound`).
     """
     pre = adaptation.preconditioner
     dtype = jnp.result_type(float)
+    if allowed is None:
 
-    def allowed(state):
-        return step_allowed(family, adaptation, state, bound)
+        def allowed(state):
+            return step_allowed(family, adaptation, state, bound)
 
-    def to_x(z):
-        return z if pre is None else pre.to_u(ravel_pytree(z)[0])
-
-    def to_z(x, like):
-        return x if pre is None else ravel_pytree(like)[1](pre.to_z(x))
-
-    # Without a preconditioner the family's position is z itself: the state keeps
-    # it once (aux.z is None there), so the loop carries and guards no copy.
-    def aux_in(state):
-        return state.aux._replace(z=state.z) if pre is None else state.aux
-
-    def aux_out(aux):
-        return aux._replace(z=None) if pre is None else aux
+    state_of, aux_of = (
+        aux_field(pre is not None)
+        if family.state_of is None
+        else (family.state_of, family.aux_of)
+    )
+    split_keys = family.split_init_key or split_init_key
+    in_scale = family.in_scale or scale_steps
 
     def init_kernel(rng_key, z, model_args, model_kwargs):
-        rng_key, key_est = random.split(rng_key)
+        rng_key, key_init, key_est = split_keys(rng_key)
         centre = initial_centre(z, model_args, model_kwargs)
         est = estimate(key_est, z, model_args, model_kwargs, centre)
-        noise_sd = _initial_noise(family, z, est.noise_sd)
-        nan = jnp.array(jnp.nan, dtype)
-        aux = family.init(to_x(z), random.fold_in(key_est, 1), **family.init_kwargs)
+        x = to_x(pre, z, family.flat)
+        aux = family.init(x, key_init, **family.init_kwargs)
         state = family.state_type(
             i=jnp.array(0),
             z=z,
-            z_grad=est.z_grad,
             potential_energy_estimate=jnp.asarray(est.potential_energy, dtype),
-            noise_sd=noise_sd,
-            mean_noise_sd=nan if noise_sd is None else tree_mean(noise_sd),
-            tolerance_exceeded=nan,
-            **{name: nan for name in family.statistics},
+            **_initial_fields(family, z, est, x),
             num_nonfinite=jnp.array(0),
             centre=centre,
             rng_key=rng_key,
             scale=initial_scale(adaptation, ravel_pytree(z)[0]),
-            aux=aux_out(aux),
+            **state_of(aux),
         )
         if adaptation.fixed_step is None:
             state = state._replace(step_size=allowed(state))
@@ -313,55 +464,66 @@ def build_kernel(family, estimate, initial_centre, adaptation, bound=noise_step_
 
     def sample_kernel(state, model_args, model_kwargs):
         rng_key, key_move, key_est = random.split(state.rng_key, 3)
-        step = step_size(adaptation, state)
+        step, step_kwargs = step_size(adaptation, state), family.step_kwargs
         if state.scale is not None:
-            # The rule in v = u / s is the rule in u with steps step * s: the
-            # Barker and Langevin moves act coordinate by coordinate, and the
-            # tolerance |w| < 1.702 / tau is the same statement in u and in v.
-            step = step * state.scale.scale
-        aux, info = family.step(
-            key_move,
-            aux_in(state),
-            state.z_grad,
-            step,
-            variant=family.variant,
-            noise_sd=state.noise_sd,
-            **family.step_kwargs,
+            step, step_kwargs = in_scale(step, step_kwargs, state.scale.scale)
+        estimate_fn = _estimate_in_x(
+            family,
+            estimate,
+            pre,
+            key_est,
+            state.z,
+            model_args,
+            model_kwargs,
+            state.centre,
         )
-        z = to_z(aux.z, state.z)
-        est = estimate(key_est, z, model_args, model_kwargs, state.centre)
-        noise_sd, mean_noise_sd = state.noise_sd, state.mean_noise_sd
-        exceeded = state.tolerance_exceeded
-        if noise_sd is not None:
-            beta = family.beta
-            noise_sd = jax.tree.map(
-                lambda old, new: (1 - beta) * old + beta * new, noise_sd, est.noise_sd
-            )
-            mean_noise_sd = tree_mean(noise_sd)
-            exceeded = jnp.asarray(info.noise_exceeded, exceeded.dtype)
-        stat_dtype = mean_noise_sd.dtype
+        held = None
+        if family.keeps_gradient:
+            held = GradientEstimate(state.z_grad, noise_sd=state.noise_sd)
+        aux, est, info = family.step(
+            key_move,
+            aux_of(state, to_x(pre, state.z, family.flat)),
+            estimate_fn,
+            step,
+            estimate=held,
+            variant=family.variant,
+            noise_sd=state.noise_sd if family.keeps_gradient else None,
+            **step_kwargs,
+        )
+        z = to_z(pre, aux.z, state.z, family.flat)
+        noise = _kept_noise(family, state, est, info, aux.z)
+        stat_dtype = noise["mean_noise_sd"].dtype
         potential = jnp.asarray(est.potential_energy, dtype)
+        kept = state_of(aux)
         ok = (
-            _finite_tree((z, aux, est.z_grad, noise_sd))
+            _finite_tree(
+                (
+                    z,
+                    kept,
+                    noise.get("z_grad"),
+                    noise.get("noise_sd"),
+                    [getattr(info, name) for name in family.checked],
+                )
+            )
             & potential_ok(potential, family.exact_nan_allowed)
             & (state.num_nonfinite == 0)
         )
         moved = state._replace(
             i=state.i + 1,
             z=z,
-            z_grad=est.z_grad,
             potential_energy_estimate=potential,
-            noise_sd=noise_sd,
-            mean_noise_sd=mean_noise_sd,
-            tolerance_exceeded=exceeded,
+            **noise,
             **{
                 name: jnp.asarray(getattr(info, name), stat_dtype)
                 for name in family.statistics
             },
             rng_key=rng_key,
-            aux=aux_out(aux),
+            **kept,
         )
-        moved = adapt_step(adaptation, adapt_scale(adaptation, moved), allowed)
+        moved = adapt_scale(adaptation, moved)
+        if family.rescale is not None and state.scale is not None:
+            moved = family.rescale(moved, state)
+        moved = adapt_step(adaptation, moved, allowed)
         return guard(ok, moved, state, rng_key)
 
     return init_kernel, sample_kernel

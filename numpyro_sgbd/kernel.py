@@ -252,9 +252,10 @@ def _args_key(model_args, model_kwargs):
 class _SGKernel(MCMCKernel):
     """The one adapter from NumPyro models (or potentials, or noisy gradients) to the
     pure update rules: ``init``, ``sample``, ``postprocess_fn``, diagnostics and
-    pickling. Subclasses set the state and the step (``_init_state``,
-    ``_sample_one``): :class:`_FamilyKernel` once for every update family, NOGIN
-    for its integrator."""
+    pickling. The step is the core's (:func:`core.build_kernel`) for the update
+    family a subclass gives (``_family``): :class:`_FamilyKernel` for the rules
+    of :mod:`numpyro_sgbd.updates` with per-site hyperparameters, NOGIN for its
+    integrator on the flat position."""
 
     sample_field = "z"
 
@@ -699,6 +700,39 @@ class _SGKernel(MCMCKernel):
     def _estimate(self, rng_key, z, model_args, model_kwargs, centre):
         """The gradient estimate at ``z``, around the state's centre if it has one."""
         return self._estimator.estimate(rng_key, z, model_args, model_kwargs, centre)
+
+    # ------------------------------------------------------------- the core
+    #: ``allowed(state)``, the step the noise allows now, where a sampler bounds
+    #: its step by its own statistic (NOGIN's damping); ``None``: the core's
+    #: :func:`~numpyro_sgbd.core.step_allowed`.
+    _step_allowed = None
+
+    def _family(self):
+        """The update family as the core's value (:class:`core.Family`)."""
+        raise NotImplementedError
+
+    def _noise_step_bound(self, largest):
+        """The largest step the noise allows at the largest noise sd ``largest``
+        (:func:`core.noise_step_bound`; SGBD and SGLD bound ``tau * step``)."""
+        return core.noise_step_bound(self._family(), largest)
+
+    def _kernel_fns(self):
+        """The core's ``(init_kernel, sample_kernel)`` for this kernel's family,
+        estimator and adaptation (:func:`core.build_kernel`)."""
+        return core.build_kernel(
+            self._family(),
+            self._estimator.estimate,
+            self._estimator.initial_centre,
+            self._adaptation(),
+            bound=lambda family, largest: self._noise_step_bound(largest),
+            allowed=self._step_allowed,
+        )
+
+    def _init_state(self, rng_key, z, model_args, model_kwargs):
+        return self._kernel_fns()[0](rng_key, z, model_args, model_kwargs)
+
+    def _sample_one(self, state, model_args, model_kwargs):
+        return self._kernel_fns()[1](state, model_args, model_kwargs)
 
     def _initial_params(self, rng_key, init_params, model_args, model_kwargs):
         if isinstance(init_params, ParamInfo):  # as NumPyro's HMC accepts
@@ -1239,8 +1273,8 @@ class _FamilyKernel(_SGKernel):
                 f"variant must be one of {self._VARIANTS} or None, got {variant!r}."
             )
         self._variant_arg = variant
-        if variant is None:  # step_size=None checks the noise: corrected
-            variant = "corrected" if step_size is None else "vanilla"
+        if variant is None:
+            variant = self._default_variant(step_size)
         if not (isinstance(beta, (int, float)) and 0 < beta < 1):
             raise ValueError(f"beta must be a number in (0, 1), got {beta!r}.")
         if init_noise_sd is not None:
@@ -1274,6 +1308,13 @@ class _FamilyKernel(_SGKernel):
         self._init_kwargs = {}
         self._step_kwargs = {}
 
+    def _default_variant(self, step_size):
+        """``step_size=None`` checks the noise: ``"corrected"`` where the family
+        has it, else ``"vanilla"``."""
+        if step_size is None and "corrected" in self._VARIANTS:
+            return "corrected"
+        return "vanilla"
+
     @property
     def variant(self):
         """The variant: as given, or by default ``"corrected"`` with
@@ -1302,9 +1343,7 @@ class _FamilyKernel(_SGKernel):
         super()._default_options(plates)
         if plates is None:
             if self._variant_arg is None:
-                self._variant = (
-                    "corrected" if self._step_size_arg is None else "vanilla"
-                )
+                self._variant = self._default_variant(self._step_size_arg)
             return False
         if (
             self._variant_arg is None
@@ -1359,11 +1398,6 @@ class _FamilyKernel(_SGKernel):
                 "u, which have no sites: give init_noise_sd as a scalar."
             )
 
-    def _noise_step_bound(self, largest):
-        """The largest step the noise allows at the largest noise sd ``largest``
-        (:func:`core.noise_step_bound`; SGBD and SGLD bound ``tau * step``)."""
-        return core.noise_step_bound(self._family(), largest)
-
     def _family(self):
         """The update family as the core's value (:class:`core.Family`), with the
         hyperparameters ``_prepare`` validated."""
@@ -1380,23 +1414,6 @@ class _FamilyKernel(_SGKernel):
             noise_diffusion=self._NOISE_DIFFUSION,
             exact_nan_allowed=self._gradient_fn is not None,
         )
-
-    def _kernel_fns(self):
-        """The core's ``(init_kernel, sample_kernel)`` for this kernel's family,
-        estimator and adaptation (:func:`core.build_kernel`)."""
-        return core.build_kernel(
-            self._family(),
-            self._estimator.estimate,
-            self._estimator.initial_centre,
-            self._adaptation(),
-            bound=lambda family, largest: self._noise_step_bound(largest),
-        )
-
-    def _init_state(self, rng_key, z, model_args, model_kwargs):
-        return self._kernel_fns()[0](rng_key, z, model_args, model_kwargs)
-
-    def _sample_one(self, state, model_args, model_kwargs):
-        return self._kernel_fns()[1](state, model_args, model_kwargs)
 
     def noise_bound(self, noise_sd, batch_ndim=0):
         """``(tau, value)`` for the corrected variant's bound ``step * tau^2 <= 2 *

@@ -30,7 +30,7 @@ from numpyro.infer import MCMC
 from numpyro.infer.util import ParamInfo
 import pytest
 
-from numpyro_sgbd import NOGIN, SGBD, SGHMC, SGLD, SGNHT, Recipe
+from numpyro_sgbd import BAOAB, NOGIN, SGBD, SGHMC, SGLD, SGNHT, Recipe
 from numpyro_sgbd.kernel import wall_time
 
 # Kernel factories given the posterior sd ``sd`` of the model's coordinates (a
@@ -79,6 +79,15 @@ KERNELS = {
         friction=_scaled(_precision(sd), 2.0),
         **kw,
     ),
+    # BAOAB in the same units: its law of z is exact for a Gaussian at any
+    # stable step, so the step can be longer than SGHMC's.
+    "BAOAB": lambda model=None, sd=1.0, **kw: BAOAB(
+        model,
+        step_size=0.5,
+        mass=_precision(sd),
+        friction=_scaled(_precision(sd), 2.0),
+        **kw,
+    ),
     "SGNHT": lambda model=None, sd=1.0, **kw: SGNHT(
         model, step_size=0.2 * _min_sd(sd), diffusion=_min_inverse(sd), **kw
     ),
@@ -91,7 +100,8 @@ KERNELS = {
 # turn down the file, so each of SGBD, SGLD and NOGIN meets about a third of the
 # cases there; they share the adapter that the contract exercises, and their own
 # updates are tested in test_kernels and test_samplers. With -m slow every case
-# runs for every kernel, the round-two kernels (SGHMC, SGNHT, Recipe) included.
+# runs for every kernel, the round-two kernels (SGHMC, SGNHT, Recipe) and BAOAB
+# included.
 # Running all three on every case took 24 of the default run's 60 minutes.
 _IN_TURN = ("SGBD", "SGLD", "NOGIN")
 _turn = itertools.count()

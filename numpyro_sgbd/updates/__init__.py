@@ -1,5 +1,6 @@
 """Pure stochastic-gradient update rules over pytrees (no NumPyro imports)."""
 
+from numpyro_sgbd.updates.baoab import BAOABInfo, baoab_step
 from numpyro_sgbd.updates.barker import (
     BARKER_TOLERANCE,
     VARIANTS,
@@ -31,6 +32,8 @@ from numpyro_sgbd.updates.sgnht import SGNHTState, sgnht_init, sgnht_step
 from numpyro_sgbd.updates.sgrld import expanded_mean_metric, sgrld_step
 
 __all__ = [
+    "BAOABInfo",
+    "baoab_step",
     "BARKER_TOLERANCE",
     "COVARIANCES",
     "VARIANTS",

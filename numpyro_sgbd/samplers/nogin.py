@@ -1,0 +1,522 @@
+"""NOGIN, the noisy gradient integrator, as a family of the core: its A-B-O-B-A
+step on the flat position, its state and the choice of the noise covariance's
+form."""
+
+from collections import namedtuple
+from functools import partial
+import warnings
+
+import jax
+from jax import random
+from jax.flatten_util import ravel_pytree
+import jax.numpy as jnp
+import numpy as np
+from numpyro.infer.initialization import init_to_uniform
+
+from numpyro_sgbd import core, monitoring
+from numpyro_sgbd.kernel import (
+    _SGKernel,
+    logger,
+)
+from numpyro_sgbd.options import _check_positive, _check_positive_tree, _per_site
+from numpyro_sgbd.setup import dimension
+from numpyro_sgbd.updates import (
+    COVARIANCES,
+    nogin_damp,
+)
+from numpyro_sgbd.updates.nogin import NOGINUpdateState, nogin_init, nogin_step
+from numpyro_sgbd.validation import check_step_size
+
+NOGINState = namedtuple(
+    "NOGINState",
+    [
+        "i",
+        "z",
+        "p",
+        "potential_energy_estimate",
+        "mean_noise_sd",
+        "noise_damping",
+        "num_nonfinite",
+        "centre",
+        "rng_key",
+        "step_size",
+        "scale",
+        "trace",
+    ],
+    defaults=(None, None, None),
+)
+NOGINState.__doc__ = """
+State of :class:`NOGIN`. The scalar fields can be collected with
+``MCMC.run(..., extra_fields=(...))``; ``potential_energy_estimate``,
+``mean_noise_sd``, ``noise_damping`` and ``num_nonfinite`` are collected by default.
+
+ - **i** - iteration number.
+ - **z** - position in unconstrained space (dict of sites for a model).
+ - **p** - momentum, a flat vector over z raveled by
+   :func:`jax.flatten_util.ravel_pytree`.
+ - **potential_energy_estimate** - the minibatch estimate of the potential at the
+   half-step position where the last step evaluated its force.
+ - **mean_noise_sd** - the mean over coordinates of the noise sd
+   :math:`\\sqrt{\\Sigma_{jj}}` of the last force (0 with exact gradients).
+ - **noise_damping** - :math:`\\frac{\\beta h^2}{4}\\rho(\\Sigma M^{-1})`, the largest
+   eigenvalue of the noise term of the last O-step (0 with exact gradients). The
+   damping factor's smallest eigenvalue is
+   :math:`(1-\\lambda^2-x)/(1+\\lambda^2+x)` at this value x; near 1 or above,
+   gradient noise rather than the step size limits exploration (see :class:`NOGIN`).
+ - **num_nonfinite** - number of refused non-finite steps (see :class:`SGState`).
+ - **centre** - the control variates' centre while re-centring (see
+   :class:`SGState`), else ``None``.
+ - **rng_key** - random key.
+ - **step_size**, **scale** - as for :class:`SGState`; with ``scale`` the mass in
+   u is ``mass / s**2``.
+ - **trace** - the convergence check's draws (see :class:`SGState`).
+"""
+
+# noise_damping above which the gradient noise, not the step, sets the
+# autocorrelation time (Matthews & Weare, Section 4.3).
+_STALL_DAMPING = 1.0
+# Check the damping once, at this iteration or at the end of warmup if later.
+_STALL_CHECK_ITERATION = 100
+
+
+def _warn_stall(i, damping):
+    warnings.warn(
+        f"NOGIN: noise_damping = {float(np.max(damping)):.3g} at iteration "
+        f"{int(np.max(i))}. The momentum damping that cancels the gradient noise "
+        "multiplies the autocorrelation time by about 1 + noise_damping (Matthews & "
+        "Weare, Section 4.3): below this subsample size fewer data per step no longer "
+        "buy more effective draws per data pass. Increase subsample_size (the noise "
+        "variance falls like 1/n) or otherwise reduce the gradient noise. Far from "
+        "the posterior the noise is larger still and can freeze the chain: start "
+        "NOGIN near the posterior (init_to_value(values=posterior_mode(model, "
+        "*args).params), or init_params from a short SGBD run). See "
+        "state.noise_damping / sample_stats.",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
+def _mean_noise_sd(noise, covariance, dtype):
+    """The mean over coordinates of the noise sd in a covariance of the given form
+    (0 for exact gradients, ``noise`` None)."""
+    if noise is None:
+        return jnp.zeros((), dtype)
+    if covariance == "diag":
+        var = noise
+    elif covariance == "full":
+        var = jnp.diagonal(noise)
+    else:
+        var = jnp.sum(noise**2, axis=1)
+    return jnp.mean(jnp.sqrt(var)) if var.size else jnp.zeros((), noise.dtype)
+
+
+#: Largest noise-covariance matrix (d x d for "full", n x n inside "lowrank") that
+#: ``covariance="auto"`` forms per chain, in bytes of float32.
+MAX_COVARIANCE_BYTES = 2**30
+
+
+def choose_covariance(d, n):
+    """NOGIN's covariance form for ``d`` coordinates and minibatches of ``n``:
+    ``(form, reason)``.
+
+    A step costs :math:`O(dn^2 + n^3)` in the ``"lowrank"`` form (the d x n factor
+    and an n x n solve) and :math:`O(d^2 n + d^3)` in the ``"full"`` form (the d x d
+    matrix and its eigendecomposition), so the low-rank form is the cheaper exactly
+    when n < d. Where the cheaper form's square matrix would pass
+    :data:`MAX_COVARIANCE_BYTES`, ``"diag"`` (:math:`O(dn)`, an approximation) is
+    chosen instead. Without subsampling (n = 0) the noise is zero: ``"diag"``.
+
+    >>> choose_covariance(21, 1000)[0], choose_covariance(1000, 100)[0]
+    ('full', 'lowrank')
+    """
+    if n == 0:
+        return "diag", "no subsample plate: exact gradients, no noise"
+    form, side = ("lowrank", n) if n < d else ("full", d)
+    if 4 * side**2 > MAX_COVARIANCE_BYTES:
+        return "diag", (
+            f"d = {d}, n = {n}: the {form} form's {side} x {side} matrix would take "
+            f"{4 * side**2 / 2**30:.1f} GiB per chain; the diagonal approximation "
+            "instead"
+        )
+    return form, f"d = {d}, n = {n}: O(d n^2 + n^3) against O(d^2 n + d^3) a step"
+
+
+def _nogin_family_step(
+    rng_key, aux, estimate_fn, step_size, *, estimate, variant, noise_sd, **kwargs
+):
+    """:func:`~numpyro_sgbd.updates.nogin.nogin_step` as a family step: it
+    estimates the force itself, at the half step, and returns that estimate."""
+    del estimate, variant, noise_sd  # NOGIN damps by the force's own covariance
+    aux, info = nogin_step(rng_key, aux, estimate_fn, step_size, **kwargs)
+    return aux, info.estimate, info
+
+
+def _nogin_mean_noise_sd(covariance, estimate, x):
+    return _mean_noise_sd(estimate.noise_cov, covariance, x.dtype)
+
+
+def _three_keys(rng_key):
+    """NOGIN's initial keys: the chain's, the momentum's and the estimate's."""
+    rng_key, key_p, key_est = random.split(rng_key, 3)
+    return rng_key, key_p, key_est
+
+
+def _nogin_in_scale(step_size, step_kwargs, scale):
+    """With re-estimated scales s NOGIN runs in v = u / s with the given mass:
+    in u the mass is ``mass / s**2`` and the step unchanged."""
+    return step_size, {**step_kwargs, "mass": step_kwargs["mass"] / scale**2}
+
+
+def _nogin_rescale(moved, state):
+    """The momentum's law in v is unchanged by a new s: in u, p ~ N(0, mass /
+    (beta s^2)), so p moves with s_old / s_new."""
+    return moved._replace(p=moved.p * state.scale.scale / moved.scale.scale)
+
+
+def _nogin_state_of(aux):
+    return {"p": aux.p}
+
+
+def _nogin_aux_of(state, x):
+    return NOGINUpdateState(x, state.p)
+
+
+class NOGIN(_SGKernel):
+    r"""NOGIN, the noisy gradient integrator (Matthews & Weare).
+
+    Underdamped Langevin dynamics in (z, p), integrated by A-B-O-B-A steps whose
+    O-step damps the momentum by the covariance :math:`\Sigma` of the minibatch force
+    :math:`\tilde F = -\nabla\hat U` (Algorithm 2). With
+    :math:`\lambda = \sqrt{(1-e^{-\gamma h})/(1+e^{-\gamma h})}` and one draw
+    :math:`R\sim N(0, M/\beta)` per step:
+
+    .. math::
+
+        z &\leftarrow z + \tfrac h2 M^{-1}p, \qquad
+        p \leftarrow p + \tfrac h2\tilde F(z) + \lambda R, \\
+        p &\leftarrow \Big((1-\lambda^2)I - \tfrac{\beta h^2}{4}\Sigma M^{-1}\Big)
+            \Big((1+\lambda^2)I + \tfrac{\beta h^2}{4}\Sigma M^{-1}\Big)^{-1}p, \\
+        p &\leftarrow p + \tfrac h2\tilde F(z) + \lambda R, \qquad
+        z \leftarrow z + \tfrac h2 M^{-1}p.
+
+    The O-step damps by :math:`\beta\Sigma M^{-1}`, not the paper's
+    :math:`M\Sigma/\beta`, which is exact only for :math:`M = I`, :math:`\beta = 1`
+    (see :func:`~numpyro_sgbd.updates.nogin_damp`).
+    For a Gaussian target with Gaussian gradient noise the z-marginal is exact at any
+    stable step (:math:`h^2 < 4\rho(\Omega)` in the scale M sets; Lemma 4.2); for
+    smooth targets the bias is :math:`O(h^2)` (Theorem 4.1), where SGLD's is
+    :math:`O(h)` plus the gradient noise's share.
+
+    :math:`\Sigma` comes from the minibatch's per-datum gradients
+    (their sample covariance:
+    :math:`\Sigma = CC^\top`, :math:`C = \sqrt{c/(n-1)}(G-\bar G)^\top`), in one of
+    three forms, chosen by default (``covariance="auto"``) from d and n by
+    :func:`~numpyro_sgbd.kernels.choose_covariance` (the choice is logged to the
+    ``"numpyro_sgbd"`` logger and is :attr:`covariance` after ``init``):
+
+    - ``"lowrank"``: the d x n factor C; the O-step is solved by the
+      Woodbury identity in :math:`O(dn^2 + n^3)` and never forms a d x d matrix. Exact
+      for the minibatch estimate; the cheaper form when n < d (regressions on many
+      features, neural networks, matrix factorisation).
+    - ``"full"``: the d x d matrix and one symmetric eigendecomposition per step,
+      :math:`O(d^2 n + d^3)`. Same result as ``"lowrank"``; the cheaper form when
+      n > d.
+    - ``"diag"``: only the diagonal, :math:`O(dn)`: the cheap approximation that
+      drops the correlations of the noise between coordinates (biased where they
+      matter, e.g. correlated features).
+
+    **Scale.** With the default unit mass, z's natural unit of time is its posterior
+    sd s: set ``mass`` to about the posterior precision (:math:`1/s^2`, per site or
+    coordinate), and then ``step_size`` around 0.1-1 and ``friction`` around 1 are
+    sensible. The scheme is stable for :math:`h^2 < 4 s^2 m`. ``noise_damping`` in
+    the state (and ArviZ's ``sample_stats``) is
+    :math:`\frac{\beta h^2}{4}\rho(\Sigma M^{-1})`; the autocorrelation time is about
+    :math:`(4/h^2)(1 + \text{noise\_damping})` steps (Section 4.3), so above 1 the
+    gradient noise, not the step, limits exploration. The kernel warns, once, when
+    it exceeds 1 at iteration ``max(num_warmup, 100)``.
+
+    :param model: a NumPyro model with its data in
+        ``numpyro.plate(name, N, subsample_size=n)``, as for :class:`SGBD`; the
+        noise covariance needs a single subsample plate. A model without one runs
+        full batch with :math:`\Sigma = 0`.
+    :param potential_fn: instead of a model, a potential :math:`U(z)`: exact
+        gradients, :math:`\Sigma = 0`. Needs ``init_params``.
+    :param gradient_fn: instead of a model, ``gradient_fn(rng_key, z)`` returning a
+        :class:`~numpyro_sgbd.GradientEstimate` with ``noise_cov`` in the form
+        ``covariance`` names (over z raveled by
+        :func:`~jax.flatten_util.ravel_pytree`). Needs ``init_params``.
+    :param float step_size: h, a positive scalar (precondition with ``mass``).
+        Default ``None``: adapted in warmup in the whitened coordinates u of the
+        full-data Hessian H at the mode, where the mass is the identity (M = H in
+        z; dense where the preconditioner is): target 0.5, lowered while
+        ``noise_damping`` exceeds 1, fixed from the end of warmup (see
+        :ref:`adaptation`). Needs a model and ``mass=1.0``.
+    :param str preconditioner: as for :class:`SGBD`.
+    :param bool adapt_mass_matrix: as for :class:`SGBD` (the mass in u becomes
+        ``1 / s**2``), but off by default and with s at most 1: the windows may
+        shorten the steps where the posterior is narrower than L says, never
+        lengthen them past what the curvature at the mode allows (unadjusted
+        Langevin rules are unstable beyond it).
+    :param float friction: :math:`\gamma > 0`. Default 1.
+    :param mass: the diagonal of M: a positive scalar, an array broadcastable to z,
+        or a dict ``{site: value}`` broadcastable to each site's unconstrained shape.
+    :param float inverse_temperature: :math:`\beta > 0` (Algorithm 2); the chain
+        targets :math:`\pi^\beta`. Default 1.
+    :param str covariance: ``"auto"`` (default: ``"lowrank"`` when n < d, else
+        ``"full"``, ``"diag"`` where that matrix would pass 1 GiB), ``"lowrank"``,
+        ``"full"`` or ``"diag"``. With ``gradient_fn`` name the form it returns.
+    :param bool replace: draw minibatch indices with replacement (as :class:`SGBD`).
+    :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
+    :param int log_likelihood_size: as for :class:`SGBD`.
+    :param str gradient: ``"minibatch"`` or ``"control_variates"``, as for
+        :class:`SGBD` (with control variates, :math:`\Sigma` comes from the
+        per-datum differences).
+    :param dict centre: as for :class:`SGBD`.
+    :param int chunk_size: as for :class:`SGBD`.
+    :param int num_steps: as for :class:`SGBD`.
+    :param int recentre_every: as for :class:`SGBD`.
+
+    **References**
+
+    1. Matthews, C. & Weare, J. (2018). *Langevin Markov chain Monte Carlo with
+       stochastic gradients.* Algorithms 1-2, eq. (4), Lemma 4.2, Theorem 4.1,
+       Section 4.3.
+
+    **Example**
+
+    >>> import jax, jax.numpy as jnp
+    >>> from numpyro.infer import MCMC
+    >>> from numpyro_sgbd import GradientEstimate
+    >>> def gradient_fn(rng_key, z):  # N(0, 1) target, force noise of variance 1
+    ...     noise = jax.random.normal(rng_key, z.shape)
+    ...     return GradientEstimate(z + noise, noise_cov=jnp.ones(z.shape))
+    >>> kernel = NOGIN(gradient_fn=gradient_fn, step_size=1.5, covariance="diag")
+    >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=4000, num_chains=8,
+    ...             chain_method="vectorized", progress_bar=False)
+    >>> mcmc.run(jax.random.key(0), init_params=jnp.zeros((8, 1)))
+    >>> bool(abs(mcmc.get_samples().var() - 1.0) < 0.1)  # SGLD: about 3.6
+    True
+    """
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size=None,
+        friction=1.0,
+        mass=1.0,
+        inverse_temperature=1.0,
+        covariance="auto",
+        preconditioner=None,
+        adapt_mass_matrix=None,
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
+        num_steps=1,
+    ):
+        check_step_size(step_size, "a positive float, or None to adapt it in warmup")
+        if step_size is not None and (
+            isinstance(step_size, dict) or np.ndim(step_size) != 0
+        ):
+            raise ValueError(
+                "NOGIN's step_size must be a positive scalar; for per-coordinate "
+                f"scales set mass= (the diagonal of M). Got {step_size!r}."
+            )
+        _check_positive(friction, "friction")
+        _check_positive(inverse_temperature, "inverse_temperature")
+        _check_positive_tree(mass, "mass")
+        if covariance not in COVARIANCES + ("auto",):
+            raise ValueError(
+                f"covariance must be 'auto' or one of {COVARIANCES}, got "
+                f"{covariance!r}."
+            )
+        if covariance == "auto" and gradient_fn is not None:
+            raise ValueError(
+                "With gradient_fn, name the form of the noise covariance your "
+                f"function returns: covariance= one of {COVARIANCES}."
+            )
+        super().__init__(
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            preconditioner=preconditioner,
+            adapt_mass_matrix=adapt_mass_matrix,
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
+            num_steps=num_steps,
+        )
+        if self._preconditioner_arg != "none" and not (
+            np.ndim(mass) == 0 and not isinstance(mass, dict) and float(mass) == 1.0
+        ):
+            raise ValueError(
+                "with a preconditioner (step_size=None, or preconditioner=...) the "
+                "mass is the identity in the whitened coordinates u, M = H at the "
+                "mode in z: leave mass=1.0, or pass preconditioner='none' with a "
+                "step_size and your own mass."
+            )
+        self._friction = float(friction)
+        self._inverse_temperature = float(inverse_temperature)
+        self._mass_arg = mass
+        self._covariance_arg = covariance
+        # Exact gradients (potential_fn) have no noise: any form serves.
+        self._covariance = (
+            "diag" if covariance == "auto" and model is None else covariance
+        )
+        self._mass = None
+
+    @property
+    def default_fields(self):
+        """``z`` and the per-draw sampler statistics (see :class:`NOGINState`)."""
+        return (
+            "z",
+            "potential_energy_estimate",
+            "mean_noise_sd",
+            "noise_damping",
+            "num_nonfinite",
+        )
+
+    @property
+    def covariance(self):
+        """The form of the noise covariance: as given, or with
+        ``covariance="auto"`` the form chosen at ``init`` (``"auto"`` before it)."""
+        return self._covariance
+
+    def _noise_form(self):
+        return self._covariance
+
+    def _resolve_noise_form(self, noise_form, shapes, plates):
+        if self._covariance_arg != "auto":
+            return noise_form
+        d = dimension(shapes)
+        n = max((m for _, m in plates.values()), default=0)
+        self._covariance, why = choose_covariance(d, n)
+        logger.info("NOGIN: covariance=%r (%s).", self._covariance, why)
+        return self._covariance
+
+    def _noise_needed_by(self):
+        return "NOGIN", ""
+
+    def _prepare(self, shapes, one_z):
+        super()._prepare(shapes, one_z)
+        mass = _per_site(self._mass_arg, shapes, "mass")
+        flat_z, _ = ravel_pytree(one_z)
+        if isinstance(mass, dict):  # ravel_pytree orders both dicts by key
+            mass = ravel_pytree(mass)[0]
+        elif isinstance(shapes, dict):  # one scalar for every site
+            mass = jnp.broadcast_to(mass, flat_z.shape)
+        else:  # z is one array
+            mass = jnp.broadcast_to(mass, shapes).ravel()
+        self._mass = jnp.asarray(mass, flat_z.dtype)
+
+    def _check_probe(self, probe, one_z):
+        if probe.noise_cov is None:
+            if self._gradient_fn is not None:
+                raise ValueError(
+                    "NOGIN needs the covariance of the gradient noise: gradient_fn "
+                    "must return GradientEstimate(z_grad, noise_cov=...) in the form "
+                    f"covariance={self._covariance!r} names (zeros for exact "
+                    "gradients)."
+                )
+            return
+        d = ravel_pytree(one_z)[0].shape[0]
+        try:
+            jax.eval_shape(
+                partial(nogin_damp, covariance=self._covariance),
+                jax.ShapeDtypeStruct((d,), jnp.result_type(float)),
+                probe.noise_cov,
+                1.0,
+                0.5,
+            )
+        except ValueError as err:
+            raise ValueError(f"The gradient estimate's noise_cov: {err}") from None
+
+    # Exact for a Gaussian target with Gaussian noise whatever h < 2 in units of
+    # the posterior sd (Matthews & Weare, Lemma 4.2); 0.5 in u keeps the
+    # second-order bias of non-Gaussian targets (their Theorem 4.1) small. The
+    # noise term's damping grows like h^2: the step is kept where it is <= 1
+    # (Section 4.3: beyond it the momentum is cancelled every step).
+    _STEP_TARGET = 0.5
+    _SCALE_MAX = 1.0
+
+    def _step_allowed(self, state):
+        """The step target, lowered while the noise term's damping exceeds 1 (to
+        where it would be 1: it grows like h^2)."""
+        target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
+        if state.step_size is None:  # the initial state
+            return target
+        damping = state.noise_damping
+        allowed = jnp.where(damping > 1.0, state.step_size / jnp.sqrt(damping), jnp.inf)
+        return jnp.minimum(target, allowed).astype(target.dtype)
+
+    def _family(self):
+        """NOGIN's A-B-O-B-A as the core's family (:class:`core.Family`): on the
+        flat position (u with a preconditioner, where M = I), its force estimated
+        at the half step through ``estimate_fn``; the state keeps the momentum
+        ``p`` and no gradient."""
+        return core.Family(
+            init=nogin_init,
+            step=_nogin_family_step,
+            state_type=NOGINState,
+            statistics=("noise_damping",),
+            variant="vanilla",
+            init_kwargs={
+                "mass": self._mass,
+                "inverse_temperature": self._inverse_temperature,
+            },
+            step_kwargs={
+                "friction": self._friction,
+                "covariance": self._covariance,
+                "mass": self._mass,
+                "inverse_temperature": self._inverse_temperature,
+            },
+            beta=0.1,
+            init_noise_sd=None,
+            noise_diffusion=None,
+            exact_nan_allowed=self._gradient_fn is not None,
+            keeps_gradient=False,
+            mean_noise_sd=partial(_nogin_mean_noise_sd, self._covariance),
+            flat=True,
+            split_init_key=_three_keys,
+            in_scale=_nogin_in_scale,
+            rescale=_nogin_rescale,
+            state_of=_nogin_state_of,
+            aux_of=_nogin_aux_of,
+            checked=("noise_damping",),
+        )
+
+    def sample(self, state, model_args, model_kwargs):
+        new_state = super().sample(state, model_args, model_kwargs)
+        if not monitoring.enabled():
+            return new_state
+        check_at = max(self._num_warmup, _STALL_CHECK_ITERATION)
+        stalled = jnp.any(
+            (state.i < check_at)
+            & (new_state.i >= check_at)
+            & (new_state.noise_damping > _STALL_DAMPING)
+        )
+        return new_state._replace(
+            i=monitoring.call_host(
+                stalled, self._warn_stall, new_state.i, new_state.noise_damping
+            )
+        )
+
+    def _warn_stall(self, i, damping):
+        self._record_warning("stall")
+        _warn_stall(i, damping)
+
+    def _diagnostic_parts(self, state):
+        return [
+            f"noise_damping {float(np.max(state.noise_damping)):.3g}",
+        ]

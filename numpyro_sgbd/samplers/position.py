@@ -1,0 +1,352 @@
+"""SGBD and SGLD: the position-only families (Barker and Langevin moves)
+on the adapter."""
+
+from numpyro.infer.initialization import init_to_uniform
+
+from numpyro_sgbd import core
+from numpyro_sgbd.kernel import (
+    SGState,
+    _FamilyKernel,
+)
+from numpyro_sgbd.updates import (
+    BARKER_TOLERANCE,
+    VARIANTS,
+)
+from numpyro_sgbd.updates.barker import INCREMENTS
+from numpyro_sgbd.updates.position import (
+    barker_update,
+    langevin_update,
+    position_init,
+)
+
+
+class SGBD(_FamilyKernel):
+    r"""Stochastic gradient Barker dynamics (Mauri & Zanella, 2024).
+
+    Each coordinate :math:`j` draws an increment :math:`w_j` of scale
+    :math:`\sigma_j` = ``step_size`` and moves to :math:`z_j + w_j` or
+    :math:`z_j - w_j`, choosing :math:`+w_j` with probability
+    :math:`p(w_j, \hat g_j)` where :math:`\hat g = -\nabla\hat U` is the minibatch
+    force:
+
+    .. math::
+
+        p = \mathrm{sigmoid}(w\hat g) \ (\text{vanilla}), \quad
+        \mathrm{sigmoid}(\alpha w\hat g),\ \alpha =
+            \frac{1.702}{\sqrt{1.702^2 - \hat\tau^2 w^2}} \ (\text{corrected}), \quad
+        \mathbf 1(w\hat g > 0) \ (\text{extreme}).
+
+    The corrected variant falls back to the sign rule where
+    :math:`|w| \ge 1.702/\hat\tau`. :math:`\hat\tau_j` is the standard deviation of
+    the noise of :math:`\hat g_j` itself (SGBD paper, Algorithm 3 line 6 writes the
+    per-datum sd; the correction needs :math:`\sqrt{c}` times it), estimated from the
+    minibatch's per-datum gradients and smoothed by the moving average
+    :math:`\hat\tau \leftarrow (1-\beta)\hat\tau + \beta\tau`.
+
+    :param model: a NumPyro model whose data sit in
+        ``numpyro.plate(name, N, subsample_size=n)``. The kernel draws the minibatch
+        indices itself in O(n) and substitutes them into the plate. Latent sites must
+        be continuous and outside the subsample plate. A model with no subsample plate
+        runs full batch (exact gradients), with a warning.
+    :param potential_fn: instead of a model, a potential :math:`U(z)`; the gradients
+        are then exact (unadjusted Barker). Needs ``init_params``.
+    :param gradient_fn: instead of a model, ``gradient_fn(rng_key, z)`` returning a
+        :class:`~numpyro_sgbd.GradientEstimate` (noisy gradient of the potential and,
+        for ``variant="corrected"``, its noise sd). Needs ``init_params``.
+    :param step_size: :math:`\sigma`, a positive scalar, or a dict
+        ``{site: value}`` broadcastable to each site's unconstrained shape for
+        per-coordinate steps (diagonal preconditioning, SGBD paper supplement D.3).
+        Default ``None``: adapted in warmup, in the whitened coordinates u of the
+        full-data Hessian at the mode, and fixed from the end of warmup (target 0.5
+        in u, lowered to keep every move inside the noise tolerance
+        :math:`|w| < 1.702/\hat\tau`, eq. 8; sampling runs at 0.7 of the step
+        warmup ends with; see :ref:`adaptation`). Needs a
+        model.
+    :param str variant: ``"vanilla"`` (Algorithm 2), ``"corrected"`` (Algorithm 3) or
+        ``"extreme"`` (Algorithm 4). Default ``None``: ``"corrected"`` with
+        ``step_size=None`` (``"vanilla"``, with a warning, for a model with several
+        subsample plates), ``"vanilla"`` with a given step size.
+    :param str preconditioner: the change of variables :math:`z = \hat z + Lu`,
+        :math:`LL^\top \approx H^{-1}` at the full-data mode :math:`\hat z`, in
+        which the update rule runs (:mod:`~numpyro_sgbd.preconditioning`):
+        ``"dense"``, ``"lowrank"``, ``"diagonal"``, ``"auto"`` (dense for d <= 100,
+        low-rank above) or ``"none"``. Default ``None``: ``"auto"`` with
+        ``step_size=None``, ``"none"`` with a given step size (which is then a
+        scalar in u). Without ``init_params`` chains start at draws from the
+        Laplace approximation :math:`N(\hat z, LL^\top)`. What was chosen and what
+        it cost: :attr:`adaptation_info`.
+    :param bool adapt_mass_matrix: re-estimate the per-coordinate sds s of u from
+        each chain's warmup draws, in windows as NUTS adapts its diagonal mass
+        matrix (:func:`~numpyro_sgbd.preconditioning.scale_windows`: a buffer of
+        15 % of warmup, three doubling windows ending at 60 %; each estimate shrunk
+        towards the Laplace scale 1), and run the rule in v = u / s. It corrects
+        L where the posterior is far from its Laplace approximation (a scale
+        mixture, heavy tails, a skewed scale parameter), which otherwise mixes
+        slowly along the coordinates L makes too narrow (a spike-and-slab
+        posterior 3.7 times wider than L: bulk ESS 1,800 against 50, the sd within
+        4 %). Default ``None``: on with ``step_size=None`` (from ``num_warmup >=
+        200``), off with a given step size. Needs a preconditioner. Each chain's
+        s: ``last_state.scale.scale``.
+    :param str increment: ``"bimodal"`` (default; :math:`w \sim N(\sigma,
+        (0.1\sigma)^2)`, by symmetry the paper's bimodal law) or ``"gaussian"``
+        (:math:`w \sim N(0, \sigma^2)`).
+    :param float beta: moving-average rate of :math:`\hat\tau` (corrected). Default
+        0.1: it averages about ten minibatches, cutting the sampling error of a
+        single batch's estimate about four-fold, while still following the change
+        of :math:`\tau` along the chain within ten steps.
+    :param init_noise_sd: initial :math:`\hat\tau` (scalar or dict of sites); default:
+        the estimate from the first minibatch.
+    :param replace: draw minibatch indices with replacement (``True``) or without
+        (``False``, as NumPyro's plate: expected cost one sort of n integers per
+        step; the noise variance factor is then :math:`n(1-n/N)` per unit of
+        per-term variance instead of :math:`n`). Default ``None``: with replacement
+        when :math:`n \le N/100`, where the two differ by at most 1 % in noise
+        variance and the sort would cost more than a small model's minibatch
+        gradient; without replacement otherwise
+        (:func:`~numpyro_sgbd.estimators.resolve_replace`).
+    :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
+    :param int log_likelihood_size: how many data points the ``model`` property (and so
+        ArviZ's ``log_likelihood`` and ``observed_data`` groups) evaluates; default the
+        subsample size.
+    :param str gradient: ``"minibatch"``, or ``"control_variates"``: the
+        minibatch gradient around a centre :math:`\hat z`,
+        :math:`\nabla U(\hat z) + \nabla\hat U_S(z) - \nabla\hat U_S(\hat z)`
+        (:class:`~numpyro_sgbd.estimators.ControlVariateEstimator`), unbiased, with a
+        noise that vanishes as the chain nears :math:`\hat z`; the noise statistics
+        of the corrected variants then come from the per-datum differences, so
+        corrected SGBD stays within its tolerance on large N. A step costs about two
+        minibatch gradients; the full-data potential and gradient at the centre are
+        computed once, in chunks. Needs a model with one subsample plate.
+        Default ``None``: ``"control_variates"`` (centred at the mode the
+        adaptation finds) with ``step_size=None`` and one subsample plate,
+        ``"minibatch"`` otherwise.
+    :param dict centre: the control variates' centre, constrained values by site
+        (as ``mcmc.get_samples()`` or :func:`~numpyro_sgbd.posterior_mode` give).
+        Default: the full-data mode, found as :func:`~numpyro_sgbd.posterior_mode`
+        finds it (Newton-CG on the chunked full-data potential from
+        ``init_to_median``, a few full-data gradients per iteration and d
+        Hessian-vector products at the end; a one-line report is logged to the
+        ``numpyro_sgbd`` logger; it warns if the search stops within a posterior
+        sd of a mode without converging and raises if it ends farther); the
+        result is in :attr:`centre_info`.
+    :param int chunk_size: data rows per chunk of the full-data computations at the
+        centre (default 4096): memory O(chunk_size x d), whatever N.
+    :param int num_steps: SG steps per sample (default 1), as HMC's ``num_steps``
+        is leapfrog steps per sample: each call of ``sample`` (one tick of NumPyro's
+        progress bar, one row of ``extra_fields``) runs ``num_steps`` steps in one
+        compiled loop and returns the last. ``num_warmup`` and ``num_samples`` count
+        samples, so a run takes ``num_steps * (num_warmup + num_samples)`` steps, and
+        ``MCMC``'s ``thinning=t`` keeps every ``t * num_steps``-th step. The draws
+        in between are never stored or dispatched: with ``progress_bar=True``
+        NumPyro's Python work per sample is paid once per
+        ``num_steps`` steps. The chain is the one ``num_steps=1`` runs with
+        ``num_steps`` times the warmup, of which every ``num_steps``-th draw is
+        kept.
+    :param int recentre_every: with control variates, move the centre during
+        warmup: every ``recentre_every`` warmup steps it becomes the mean of the
+        chain's unconstrained positions over those steps, with the full-data
+        potential and gradient there (in chunks; a non-finite result keeps the old
+        centre). Without ``centre`` no mode search runs and each chain starts
+        centred at its initial position. After warmup the centre stays where it is
+        (the draws come from one time-homogeneous chain); it is in
+        ``mcmc.last_state.centre`` (a :class:`~numpyro_sgbd.Centre`). Each
+        re-centring costs one pass over the data, about N/n minibatch gradients:
+        ``recentre_every`` of N/n or more adds at most about one minibatch
+        gradient per warmup step. It helps where the posterior mean is far from the
+        mode in posterior sds, or where no good centre is at hand (see the user
+        guide). Default ``None``: a fixed centre.
+
+    **References**
+
+    1. Mauri, L. & Zanella, G. (2024). *Robust SGMCMC with Barker dynamics.*
+       Algorithms 2-4, eq. (8), Corollary 1.
+
+    **Example**
+
+    >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+    >>> from numpyro.infer import MCMC
+    >>> def model(y):
+    ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
+    ...     with numpyro.plate("data", y.shape[0], subsample_size=50) as idx:
+    ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
+    >>> y = 3.0 + jax.random.normal(jax.random.key(1), (2000,))
+    >>> mcmc = MCMC(SGBD(model, step_size=0.01), num_warmup=500, num_samples=2000,
+    ...             progress_bar=False)
+    >>> mcmc.run(jax.random.key(0), y)
+    >>> bool(abs(mcmc.get_samples()["mu"].mean() - y.mean()) < 0.05)
+    True
+    """
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size=None,
+        variant=None,
+        increment="bimodal",
+        beta=0.1,
+        init_noise_sd=None,
+        preconditioner=None,
+        adapt_mass_matrix=None,
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
+        num_steps=1,
+    ):
+        if increment not in INCREMENTS:
+            raise ValueError(
+                f"increment must be one of {INCREMENTS}, got {increment!r}."
+            )
+        super().__init__(
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            variant=variant,
+            beta=beta,
+            init_noise_sd=init_noise_sd,
+            preconditioner=preconditioner,
+            adapt_mass_matrix=adapt_mass_matrix,
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
+            num_steps=num_steps,
+        )
+        self._hyperparameters = {"increment": increment}
+
+    _state_type = SGState
+    _family_init = staticmethod(position_init)
+    _family_step = staticmethod(core.gradient_at_end(barker_update))
+    _VARIANTS = VARIANTS
+    _SCALE_MAX = None
+
+    # In u (unit posterior scale) a Barker step of 0.5 gave xi 0.016 and a mean
+    # bias of 0.04 sd on a 26,000-row logistic regression (issue 17); the
+    # coordinates of a product target move independently, so it does not
+    # shrink with d. The increment |w| stays below 1.3 sigma with the bimodal law
+    # (N(sigma, (0.1 sigma)^2)), so tau sigma < 1.702 / 1.3 keeps every move inside
+    # the corrected rule's tolerance |w| < 1.702 / tau (SGBD paper, eq. 8).
+    _STEP_TARGET = 0.5
+    # Sampling at 0.35 in u. Unadjusted Barker on a standard normal has variance
+    # about 1 + 0.66 sigma^2 (simulated: 1.16 at 0.5, 1.08 at 0.35, 1.04 at 0.25),
+    # so its sds come out 7 %, 4 % and 2 % wide. At 0.5 the default's xi was 0.059
+    # on average over 50 seeds of ISLR Default (3,000 + 30,000 steps, Monte Carlo
+    # floor 0.02); at 0.35 0.027-0.039 on average over 8 seeds of each
+    # adaptation-accuracy problem. At 0.25 the bias falls to about 2 % but the ESS
+    # halves, and at 30,000 draws the run-end checks then warned on 4 of 24 runs
+    # (three R-hats just above 1.01, one drift) where 0.35 warned on 1
+    # (benchmarks/step_targets.py --fractions, results.md). Warmup stays at 0.5:
+    # with a smaller step throughout, the scale windows saw too little of a
+    # posterior wider than its Laplace approximation (spike-and-slab: s 1.3 and
+    # 2.8 where 3.7 is right).
+    _SAMPLING_FRACTION = 0.7
+
+    def _noise_step_bound(self, largest):
+        return BARKER_TOLERANCE / 1.3 / largest
+
+
+class SGLD(_FamilyKernel):
+    r"""Stochastic gradient Langevin dynamics (Welling & Teh, 2011).
+
+    .. math::
+
+        z \leftarrow z - \frac{\sigma^2}{2}\nabla\hat U(z) + \varepsilon, \quad
+        \varepsilon \sim N(0, \sigma^2)\ (\text{vanilla}),\
+        N(0, \max(0, \sigma^2 - \hat\tau^2\sigma^4/4))\ (\text{corrected}),\
+        0\ (\text{extreme}).
+
+    ``step_size`` is :math:`\sigma` in the SGBD paper's parameterisation; BlackJAX's
+    ``sgld`` step size is :math:`\epsilon = \sigma^2/2`. All other arguments are as
+    for :class:`SGBD` (there is no ``increment``); with ``step_size=None`` the
+    target in the whitened coordinates is 0.4, lowered to keep
+    :math:`\hat\tau\sigma < 1.6`. ``tolerance_exceeded`` counts the
+    coordinates where the gradient noise alone exceeds the injected variance
+    (:math:`\hat\tau\sigma \ge 2`).
+    ``adapt_mass_matrix`` is off by default and keeps s at most 1, as for
+    :class:`NOGIN`: unadjusted Langevin is unstable for steps past about twice
+    the posterior's curvature radius, which L fixes at the mode (on a
+    spike-and-slab posterior, uncapped scales about 4 made SGLD's sd 15 % too
+    wide).
+
+    **References**
+
+    1. Welling, M. & Teh, Y. W. (2011). *Bayesian learning via stochastic gradient
+       Langevin dynamics.* ICML.
+    2. Mauri, L. & Zanella, G. (2024). *Robust SGMCMC with Barker dynamics.*
+       Supplement, Algorithms 5-6.
+
+    **Example**
+
+    >>> import jax, jax.numpy as jnp
+    >>> from numpyro.infer import MCMC
+    >>> kernel = SGLD(potential_fn=lambda z: 0.5 * jnp.sum(z**2), step_size=0.5)
+    >>> mcmc = MCMC(kernel, num_warmup=100, num_samples=4000, progress_bar=False)
+    >>> mcmc.run(jax.random.key(0), init_params=jnp.zeros(2))
+    >>> bool(abs(mcmc.get_samples().var() - 1 / (1 - 0.5**2 / 4)) < 0.15)
+    True
+    """
+
+    # Unadjusted Langevin on a standard normal has variance 1 / (1 - sigma^2 / 4):
+    # sigma = 0.4 overstates the sd by 2 %, 0.5 by 3 % (xi 0.023 measured on the
+    # 26,000-row regression of issue 17). The corrected noise variance
+    # sigma^2 - tau^2 sigma^4 / 4 is positive while tau sigma < 2; the cap keeps
+    # a fifth of that margin.
+    _STEP_TARGET = 0.4
+    _state_type = SGState
+    _family_init = staticmethod(position_init)
+    _family_step = staticmethod(core.gradient_at_end(langevin_update))
+    _VARIANTS = VARIANTS
+
+    def __init__(
+        self,
+        model=None,
+        potential_fn=None,
+        gradient_fn=None,
+        *,
+        step_size=None,
+        variant=None,
+        beta=0.1,
+        init_noise_sd=None,
+        preconditioner=None,
+        adapt_mass_matrix=None,
+        gradient=None,
+        centre=None,
+        recentre_every=None,
+        replace=None,
+        init_strategy=init_to_uniform,
+        log_likelihood_size=None,
+        chunk_size=4096,
+        num_steps=1,
+    ):
+        super().__init__(
+            model,
+            potential_fn,
+            gradient_fn,
+            step_size=step_size,
+            variant=variant,
+            beta=beta,
+            init_noise_sd=init_noise_sd,
+            preconditioner=preconditioner,
+            adapt_mass_matrix=adapt_mass_matrix,
+            gradient=gradient,
+            centre=centre,
+            recentre_every=recentre_every,
+            replace=replace,
+            init_strategy=init_strategy,
+            log_likelihood_size=log_likelihood_size,
+            chunk_size=chunk_size,
+            num_steps=num_steps,
+        )
+
+    def _noise_step_bound(self, largest):
+        return 1.6 / largest
