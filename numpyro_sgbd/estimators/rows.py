@@ -1,8 +1,9 @@
 """The n per-datum gradients of a minibatch, as rows: streamed a chunk at a time
 (:class:`StreamedRows`), or sparse where each datum reads its own slice of a
 parameter (:class:`GatheredRows`, :func:`gathered_stream`); their moments by
-coordinate, and the noise statistics of a minibatch sum made from them
-(:func:`noise_statistics`)."""
+coordinate, the noise statistics of a minibatch sum made from them
+(:func:`noise_statistics`), and the rows in a preconditioner's coordinates
+(:func:`pulled_rows`)."""
 
 from functools import partial
 
