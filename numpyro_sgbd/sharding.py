@@ -164,21 +164,11 @@ def any_sharded(tree):
     return any(_split_over_devices(x) for x in jax.tree.leaves(tree))
 
 
-def data_sharding(plates, model_args, model_kwargs):
-    """The :class:`DataSharding` of the model's data, or ``None`` when no data
-    argument is split over more than one device.
-
-    Raises a ``ValueError`` naming the fix, before anything is compiled, when the
-    data are sharded in a way the kernels cannot use: along another axis than the
-    plate's rows, over several meshes or mesh axes, some of the plate's arrays
-    sharded and others not, rows or the subsample size that do not split evenly
-    over the shards, or a model with other than one subsample plate.
-
-    :param dict plates: ``{name: (size, subsample_size, dim)}`` of the model's
-        subsample plates.
-    """
-    arrays, _, _ = split_arrays((model_args, model_kwargs))
-    found = []  # (position, array, axes per dim) of arrays split over > 1 device
+def _sharded_arrays(arrays):
+    """``[(position, array, mesh axes per dimension)]`` of the ``arrays`` split over
+    more than one device; a ``ValueError`` for one split by anything but a
+    :class:`~jax.sharding.NamedSharding` (whose axes the kernels cannot read)."""
+    found = []
     for j, x in enumerate(arrays):
         if not _split_over_devices(x):
             continue
@@ -191,8 +181,13 @@ def data_sharding(plates, model_args, model_kwargs):
                 "NamedSharding(mesh, P('data')))."
             )
         found.append((j, x, _spec_axes(sharding.spec, x.ndim)))
-    if not found:
-        return None
+    return found
+
+
+def _check_none_on_host(model_args, model_kwargs):
+    """A ``ValueError`` where some data are kept on the host
+    (:class:`~numpyro_sgbd.host.HostArray`) beside sharded ones: a shard reads
+    only its own rows, which a host-kept array cannot follow."""
     on_host = jax.tree.leaves(
         (model_args, model_kwargs), is_leaf=lambda x: isinstance(x, HostArray)
     )
@@ -203,6 +198,11 @@ def data_sharding(plates, model_args, model_kwargs):
             "host-kept arrays cannot follow. Shard them all "
             "(numpyro_sgbd.shard_data(X, y)) or keep them all on the host."
         )
+
+
+def _one_plate(plates):
+    """``(name, size, subsample_size)`` of the model's one subsample plate, the
+    rows sharded data are split along; a ``ValueError`` for none or several."""
     if len(plates) != 1:
         raise ValueError(
             "Sharded data are split along the rows of one subsample plate; the "
@@ -210,6 +210,11 @@ def data_sharding(plates, model_args, model_kwargs):
             "numpyro.plate(name, N, subsample_size=n)."
         )
     ((name, (size, n, _)),) = plates.items()
+    return name, size, n
+
+
+def _one_mesh(found):
+    """The one mesh the sharded arrays ``found`` live on."""
     meshes = {x.sharding.mesh for _, x, _ in found}
     if len(meshes) > 1:
         raise ValueError(
@@ -217,6 +222,13 @@ def data_sharding(plates, model_args, model_kwargs):
             "on one (numpyro_sgbd.shard_data(X, y, mesh=mesh))."
         )
     (mesh,) = meshes
+    return mesh
+
+
+def _row_axis(found, name, size):
+    """The one mesh axis that splits the rows of every sharded array ``found``:
+    each must be the plate ``name``'s data (``size`` rows), split along its first
+    dimension only, and all along the same single axis."""
     axes = set()
     for _, x, per_dim in found:
         later = [(d, a) for d, a in enumerate(per_dim) if d > 0 and a]
@@ -247,7 +259,13 @@ def data_sharding(plates, model_args, model_kwargs):
             "along one axis of the mesh."
         )
     (axis,) = axis
-    sharded = {j for j, _, _ in found}
+    return axis
+
+
+def _check_plate_data_sharded(arrays, sharded, name, size, axis):
+    """A ``ValueError`` where an array with the plate's ``size`` rows is not among
+    the ``sharded`` positions: a shard would pair its own rows of the others with
+    the wrong rows of this one."""
     for j, x in enumerate(arrays):
         if j not in sharded and np.ndim(x) and np.shape(x)[0] == size:
             raise ValueError(
@@ -256,7 +274,12 @@ def data_sharding(plates, model_args, model_kwargs):
                 f"axis {axis!r}: shard all the plate's data alike "
                 "(numpyro_sgbd.shard_data(X, y))."
             )
-    k = mesh.shape[axis]
+
+
+def _check_even_split(name, size, n, k, axis):
+    """A ``ValueError`` unless the plate's ``size`` rows and its subsample size
+    ``n`` both split evenly over the ``k`` shards (each shard draws n / k of its
+    own N / k rows)."""
     if size % k:
         raise ValueError(
             f"Plate '{name}''s {size} rows do not split evenly over the {k} shards "
@@ -269,6 +292,33 @@ def data_sharding(plates, model_args, model_kwargs):
             f"shards (each shard draws n / {k} of its own rows): use "
             f"subsample_size={near}."
         )
+
+
+def data_sharding(plates, model_args, model_kwargs):
+    """The :class:`DataSharding` of the model's data, or ``None`` when no data
+    argument is split over more than one device.
+
+    Raises a ``ValueError`` naming the fix, before anything is compiled, when the
+    data are sharded in a way the kernels cannot use: along another axis than the
+    plate's rows, over several meshes or mesh axes, some of the plate's arrays
+    sharded and others not, rows or the subsample size that do not split evenly
+    over the shards, or a model with other than one subsample plate.
+
+    :param dict plates: ``{name: (size, subsample_size, dim)}`` of the model's
+        subsample plates.
+    """
+    arrays, _, _ = split_arrays((model_args, model_kwargs))
+    found = _sharded_arrays(arrays)
+    if not found:
+        return None
+    _check_none_on_host(model_args, model_kwargs)
+    name, size, n = _one_plate(plates)
+    mesh = _one_mesh(found)
+    axis = _row_axis(found, name, size)
+    sharded = {j for j, _, _ in found}
+    _check_plate_data_sharded(arrays, sharded, name, size, axis)
+    k = mesh.shape[axis]
+    _check_even_split(name, size, n, k, axis)
     specs = tuple(
         PartitionSpec(axis) if j in sharded else PartitionSpec()
         for j in range(len(arrays))

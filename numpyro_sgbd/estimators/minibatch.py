@@ -23,6 +23,7 @@ from numpyro_sgbd.estimators.rows import (
     _largest_divisor,
     gathered_stream,
     noise_statistics,
+    pulled_rows,
 )
 from numpyro_sgbd.handlers import fix_plates, shard_local
 
@@ -88,21 +89,7 @@ class MinibatchEstimator(Estimator):
         pullback=None,
         sharding=None,
     ):
-        if per_datum not in ("vmap", "jacobian"):
-            raise ValueError(
-                f"per_datum must be 'vmap' or 'jacobian', got {per_datum!r}."
-            )
-        if covariance not in (None, "lowrank", "diag", "full"):
-            raise ValueError(
-                "covariance must be None, 'lowrank', 'diag' or 'full', "
-                f"got {covariance!r}."
-            )
-        noise = noise or covariance is not None
-        if noise and len(plates) > 1:
-            raise ValueError(
-                "Estimating the gradient noise needs exactly one subsample plate; "
-                f"the model has {sorted(plates)}."
-            )
+        noise = _checked_noise(plates, noise, covariance, per_datum)
         self.model = model
         self.plates = dict(plates)
         self.noise = noise
@@ -132,19 +119,9 @@ class MinibatchEstimator(Estimator):
         if self.pullback is None:
             return grad, per_datum_grads
         grad = self.pullback(ravel_pytree(grad)[0])
-        if isinstance(per_datum_grads, StreamedRows):
-            rows = per_datum_grads
-            per_datum_grads = StreamedRows(
-                lambda idx: self._pull_rows(rows.fn(idx)), rows.indices, rows.chunk
-            )
-        elif per_datum_grads is not None:
-            per_datum_grads = self._pull_rows(per_datum_grads)
+        if per_datum_grads is not None:
+            per_datum_grads = pulled_rows(self.pullback, per_datum_grads)
         return grad, per_datum_grads
-
-    def _pull_rows(self, rows):
-        leaves = jax.tree.leaves(rows)
-        n = leaves[0].shape[0]
-        return self.pullback(jnp.concatenate([g.reshape(n, -1) for g in leaves], 1))
 
     #: Per-datum gradients are formed in chunks of at most this many floats
     #: (``chunk x d``), where the covariance form does not need them all
@@ -245,70 +222,26 @@ class MinibatchEstimator(Estimator):
         return (value, *self._pull(grad, per_datum_grads))
 
     def _at_z(self, z, indices, model_args, model_kwargs):
-        fn = partial(
-            self._terms,
-            indices=indices,
-            model_args=model_args,
-            model_kwargs=model_kwargs,
-        )
+        """:meth:`evaluate` before the pullback: the per-datum gradients all at
+        once (by a Jacobian or vmapped one-datum potentials, as ``per_datum``
+        says), or a chunk at a time where n x d floats would pass the row
+        budget and the noise needs only variances."""
+        terms = partial(self._terms, model_args=model_args, model_kwargs=model_kwargs)
         if not self.noise or not self.plates:
-            value, grad = jax.value_and_grad(lambda z: fn(z)[0])(z)
+            value, grad = jax.value_and_grad(partial(_potential, terms, indices))(z)
             return value, grad, None
         ((name, (_, n, _)),) = self.plates.items()
         # Checks, while tracing only, that every observed site in the plate has
         # one log-density per datum (raises a ValueError naming the site if not).
-        jax.eval_shape(fn, z)
+        jax.eval_shape(partial(terms, indices=indices), z)
         chunk = self._rows_per_chunk(z, n)
         if chunk < n:
-            # Large d: the minibatch gradient as without noise, and the gradients
-            # of the likelihood terms alone (the prior and Jacobian are exact: no
-            # noise), a chunk of rows at a time (memory O(chunk x d), never n x d).
-
-            def term(z, i):
-                # h_i = (N / n) log p(y_i | z): the one-datum model weights its
-                # datum by N.
-                one = self._terms(z, {name: i[None]}, model_args, model_kwargs, True)
-                return one[1][0] / n
-
-            value, grad = jax.value_and_grad(lambda z: fn(z, with_terms=False)[0])(z)
             # A pullback mixes the coordinates: the gradients in u are dense.
-            gathered = None
-            if self.pullback is None:
-                budget = self._row_budget()
-                gathered = gathered_stream(term, z, indices[name], chunk, budget)
-            if gathered is not None:
-                return value, grad, gathered
-
-            def rows(idx):
-                return jax.vmap(jax.grad(term), (None, 0))(z, idx)
-
-            return value, grad, StreamedRows(rows, indices[name], chunk)
+            budget = self._row_budget() if self.pullback is None else None
+            return _streamed(terms, z, indices, name, n, chunk, budget)
         if self.per_datum == "jacobian":
-
-            def with_value(z):
-                out = fn(z)
-                return out, out[0]
-
-            # One Jacobian of (potential, h_1..h_n): d forward passes or n + 1
-            # reverse, each costing a minibatch gradient.
-            jac = jax.jacfwd if _flat_size(z) <= n else jax.jacrev
-            (grad, per_datum_grads), value = jac(with_value, has_aux=True)(z)
-            return value, grad, per_datum_grads
-
-        def one(z, i):
-            # The model on the single datum i: U_i = -log prior - N log p(y_i | z).
-            return self._terms(z, {name: i[None]}, model_args, model_kwargs, False)[0]
-
-        # The n one-datum potentials, vmapped: O(n d) work, as one minibatch
-        # gradient, where a Jacobian costs min(n, d) of them. Their mean is the
-        # minibatch potential (and gradient); grad U_i / n is minus the gradient of
-        # the scaled term h_i up to the prior's gradient / n, a shift common to all
-        # rows that the noise statistics (variances, centred covariances,
-        # differences between two points on the same indices) do not see.
-        values, grads = jax.vmap(jax.value_and_grad(one), (None, 0))(z, indices[name])
-        grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
-        per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
-        return jnp.mean(values), grad, per_datum_grads
+            return _by_jacobian(partial(terms, indices=indices), z, n)
+        return _by_vmap(partial(_datum_potential, terms, name), z, indices[name], n)
 
     def summarise(self, value, grad, per_datum_grads, axis_name=None):
         """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
@@ -320,13 +253,7 @@ class MinibatchEstimator(Estimator):
         covariance) of the shards are summed over that mesh axis, and a low-rank
         factor's columns gathered from every shard (its n/K centred rows each).
         """
-        if axis_name is None:
-            total = gather = lambda x: x  # noqa: E731
-        else:
-            total = partial(jax.lax.psum, axis_name=axis_name)
-            gather = partial(
-                jax.lax.all_gather, axis_name=axis_name, axis=1, tiled=True
-            )
+        total, gather = _reducers(axis_name)
         value, grad = total((value, grad))
         if not self.noise:
             return GradientEstimate(grad, None, value)
@@ -380,6 +307,113 @@ class MinibatchEstimator(Estimator):
             self._terms, name, size, rebuild, chunk_size, lambda g: self._pull(g)[0]
         )
         return run, arrays
+
+
+def _checked_noise(plates, noise, covariance, per_datum):
+    """Whether the noise is estimated (asked for, or implied by a covariance
+    form), after checking the options: ``per_datum`` and ``covariance`` name
+    known forms, and the noise has one plate to come from."""
+    if per_datum not in ("vmap", "jacobian"):
+        raise ValueError(f"per_datum must be 'vmap' or 'jacobian', got {per_datum!r}.")
+    if covariance not in (None, "lowrank", "diag", "full"):
+        raise ValueError(
+            f"covariance must be None, 'lowrank', 'diag' or 'full', got {covariance!r}."
+        )
+    noise = noise or covariance is not None
+    if noise and len(plates) > 1:
+        raise ValueError(
+            "Estimating the gradient noise needs exactly one subsample plate; "
+            f"the model has {sorted(plates)}."
+        )
+    return noise
+
+
+def _potential(terms, indices, z, with_terms=None):
+    """The minibatch potential at ``z`` on ``indices``, from ``terms``
+    (:meth:`MinibatchEstimator._terms` with the model's arguments bound)."""
+    return terms(z, indices, with_terms=with_terms)[0]
+
+
+def _datum_term(terms, name, n, z, i):
+    """h_i = (N / n) log p(y_i | z), the scaled term of datum ``i`` of a
+    minibatch of ``n``: the one-datum model weights its datum by N."""
+    return terms(z, {name: i[None]}, with_terms=True)[1][0] / n
+
+
+def _datum_potential(terms, name, z, i):
+    """U_i = -log prior - N log p(y_i | z): the potential of the model on the
+    single datum ``i`` of the plate ``name``."""
+    return terms(z, {name: i[None]}, with_terms=False)[0]
+
+
+def _term_rows(term, z, idx):
+    """The gradients at ``z`` of ``term`` (:func:`_datum_term`) of each datum in
+    ``idx``, as rows."""
+    return jax.vmap(jax.grad(term), (None, 0))(z, idx)
+
+
+def _streamed(terms, z, indices, name, n, chunk, row_budget):
+    """``(potential, gradient, rows)`` for large d: the minibatch gradient as
+    without noise, and the gradients of the likelihood terms alone (the prior
+    and Jacobian are exact: no noise) as :class:`StreamedRows` of ``chunk`` rows
+    (memory O(chunk x d), never n x d); their chunks gathered
+    (:func:`gathered_stream`) where a ``row_budget`` is given and that applies,
+    dense otherwise."""
+    potential = partial(_potential, terms, indices, with_terms=False)
+    value, grad = jax.value_and_grad(potential)(z)
+    term = partial(_datum_term, terms, name, n)
+    rows = None
+    if row_budget is not None:
+        rows = gathered_stream(term, z, indices[name], chunk, row_budget)
+    if rows is None:
+        rows = StreamedRows(partial(_term_rows, term, z), indices[name], chunk)
+    return value, grad, rows
+
+
+def _with_value(fn, z):
+    """``fn(z)`` (the potential and the terms), and the potential as the aux."""
+    out = fn(z)
+    return out, out[0]
+
+
+def _by_jacobian(fn, z, n):
+    """``(potential, gradient, per-datum gradients)`` from one Jacobian of
+    ``fn(z) = (potential, h_1..h_n)``: d forward passes or n + 1 reverse, each
+    costing a minibatch gradient."""
+    jac = jax.jacfwd if _flat_size(z) <= n else jax.jacrev
+    (grad, per_datum_grads), value = jac(partial(_with_value, fn), has_aux=True)(z)
+    return value, grad, per_datum_grads
+
+
+def _by_vmap(one, z, idx, n):
+    """``(potential, gradient, per-datum gradients)`` from the n one-datum
+    potentials ``one(z, i)`` (:func:`_datum_potential`), vmapped over ``idx``.
+
+    O(n d) work, as one minibatch gradient, where a Jacobian costs min(n, d) of
+    them. Their mean is the minibatch potential (and gradient); grad U_i / n is
+    minus the gradient of the scaled term h_i up to the prior's gradient / n, a
+    shift common to all rows that the noise statistics (variances, centred
+    covariances, differences between two points on the same indices) do not
+    see."""
+    values, grads = jax.vmap(jax.value_and_grad(one), (None, 0))(z, idx)
+    grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
+    per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
+    return jnp.mean(values), grad, per_datum_grads
+
+
+def _identity(x):
+    return x
+
+
+def _reducers(axis_name):
+    """``(total, gather)`` of :meth:`MinibatchEstimator.summarise`: the sum over
+    the mesh axis ``axis_name`` and the gather of a low-rank factor's columns
+    from every shard; both the identity on one device (``None``)."""
+    if axis_name is None:
+        return _identity, _identity
+    total = partial(jax.lax.psum, axis_name=axis_name)
+    gather = partial(jax.lax.all_gather, axis_name=axis_name, axis=1, tiled=True)
+    return total, gather
 
 
 def _plate_terms(trace, name, n):

@@ -1,8 +1,9 @@
 """The n per-datum gradients of a minibatch, as rows: streamed a chunk at a time
 (:class:`StreamedRows`), or sparse where each datum reads its own slice of a
 parameter (:class:`GatheredRows`, :func:`gathered_stream`); their moments by
-coordinate, and the noise statistics of a minibatch sum made from them
-(:func:`noise_statistics`)."""
+coordinate, the noise statistics of a minibatch sum made from them
+(:func:`noise_statistics`), and the rows in a preconditioner's coordinates
+(:func:`pulled_rows`)."""
 
 from functools import partial
 
@@ -11,7 +12,13 @@ import jax.numpy as jnp
 
 from numpyro_sgbd._gathered import gather_of, gathered_rows, trace_gathers
 
-__all__ = ["GatheredRows", "StreamedRows", "gathered_stream", "noise_statistics"]
+__all__ = [
+    "GatheredRows",
+    "StreamedRows",
+    "gathered_stream",
+    "noise_statistics",
+    "pulled_rows",
+]
 
 
 def _flat_size(tree):
@@ -179,6 +186,31 @@ def gathered_stream(term, z, indices, chunk, row_budget):
     except Exception:  # an equation that cannot be re-bound: dense rows
         return None
     return StreamedRows(fn, indices, rows)
+
+
+def _pulled_dense(pullback, rows):
+    """Dense rows (a tree with leading axis n) through ``pullback``, flat:
+    (n, d) in ravel_pytree's order, mapped."""
+    leaves = jax.tree.leaves(rows)
+    n = leaves[0].shape[0]
+    return pullback(jnp.concatenate([g.reshape(n, -1) for g in leaves], 1))
+
+
+def _pulled_chunk(pullback, fn, idx):
+    """The chunk ``fn(idx)`` of a :class:`StreamedRows` through ``pullback``."""
+    return _pulled_dense(pullback, fn(idx))
+
+
+def pulled_rows(pullback, rows):
+    """The per-datum gradients ``rows`` (a tree with leading axis n, or a
+    :class:`StreamedRows` of dense chunks) through the linear map ``pullback``
+    (``g -> L' g`` on flat gradients), as flat rows: the rows of the gradients
+    in the whitened coordinates u of ``z = z_hat + L u``. Streamed rows stay
+    streamed, each chunk mapped as it is formed."""
+    if isinstance(rows, StreamedRows):
+        fn = partial(_pulled_chunk, pullback, rows.fn)
+        return StreamedRows(fn, rows.indices, rows.chunk)
+    return _pulled_dense(pullback, rows)
 
 
 def noise_statistics(rows, n, factor, covariance, total, gather):

@@ -13,6 +13,7 @@
 - :mod:`~numpyro_sgbd.evaluation.ksd` and :mod:`~numpyro_sgbd.evaluation.fssd`:
   Stein discrepancies, sample quality from draws and scores alone;
 - :mod:`~numpyro_sgbd.evaluation.drift`: whether a chain's draws still drift;
+- ``_runs``: the runs :func:`~numpyro_sgbd.compare` takes, read alike;
 - ``_arviz``: everything that differs between ArviZ 0.x and 1.x.
 
 This file imports nothing: ``numpyro_sgbd/__init__.py`` imports ``_arviz`` from

@@ -1,17 +1,23 @@
 """How far a run is from the reference posterior: a table and a figure."""
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 import warnings
 
 import numpy as np
-from numpyro.infer import MCMC
 import pandas as pd
 
 from numpyro_sgbd.evaluation import _arviz
+from numpyro_sgbd.evaluation._runs import (
+    check_shapes,
+    components,
+    load_run,
+    load_runs,
+    named_runs,
+    pooled,
+    run_warnings,
+)
 from numpyro_sgbd.evaluation.ksd import ksd, unconstrained_draws_and_scores
-from numpyro_sgbd.evaluation.reference import ESS_PER_CHAIN_MIN, RHAT_MAX, full_batch
-from numpyro_sgbd.kernel import wall_time
+from numpyro_sgbd.evaluation.reference import ESS_PER_CHAIN_MIN, RHAT_MAX
 
 __all__ = ["Comparison", "compare", "plot_marginals"]
 
@@ -119,99 +125,6 @@ class Comparison:
     __repr__ = __str__
 
 
-def _is_run(value):
-    return isinstance(value, (MCMC, Mapping)) or _arviz.is_inference_data(value)
-
-
-def _named_runs(candidates):
-    # ArviZ's containers are Mappings of their groups: one run, not a dict of runs.
-    if _arviz.is_inference_data(candidates):
-        return {"run": candidates}
-    if (
-        isinstance(candidates, Mapping)
-        and candidates
-        and all(_is_run(v) for v in candidates.values())
-    ):
-        return dict(candidates)
-    if _is_run(candidates):
-        return {"run": candidates}
-    if isinstance(candidates, (list, tuple)) and candidates:
-        return {f"run {i}": run for i, run in enumerate(candidates)}
-    raise TypeError(
-        "candidates must be a run (MCMC, ArviZ InferenceData or DataTree, or a dict "
-        "of draws), a list of runs, or a dict {name: run}; got "
-        f"{type(candidates).__name__}."
-    )
-
-
-def _load(name, run):
-    """(draws grouped by chain, sampler stats grouped by chain, seconds, model info)."""
-    if isinstance(run, MCMC):
-        if run._states is None:
-            raise ValueError(f"run {name!r}: the MCMC object has not been run yet.")
-        draws = {k: np.asarray(v) for k, v in run.get_samples(True).items()}
-        stats = {
-            k: np.asarray(v)
-            for k, v in run.get_extra_fields(group_by_chain=True).items()
-            if not isinstance(v, (dict, tuple)) and np.ndim(v) == 2
-        }
-        sampler = run.sampler
-        model = getattr(sampler, "_model", None) or getattr(sampler, "model", None)
-        if isinstance(model, full_batch):
-            model = model.fn
-        source = (model, run._args, run._kwargs) if model is not None else None
-        # Our kernels note the host time as they run (NumPyro's do not).
-        return draws, stats, wall_time(sampler, run), source
-    if _arviz.is_inference_data(run):
-        posterior = _arviz.group(run, "posterior")
-        if posterior is None:
-            raise ValueError(f"run {name!r}: the ArviZ data has no posterior group.")
-        draws = {k: np.asarray(v) for k, v in posterior.data_vars.items()}
-        sample_stats = _arviz.group(run, "sample_stats")
-        stats = {}
-        if sample_stats is not None:
-            stats = {
-                k: np.asarray(v)
-                for k, v in sample_stats.data_vars.items()
-                if np.ndim(v) == 2
-            }
-        seconds = posterior.attrs.get("sampling_time")
-        return draws, stats, None if seconds is None else float(seconds), None
-    # A dict of draws, NumPyro's get_samples() layout: draws on the leading axis.
-    draws = {k: np.asarray(v)[None] for k, v in run.items()}
-    return draws, {}, None, None
-
-
-def _components(var, array):
-    """Reshape (chain, draw, *shape) to (chain, draw, K) with ArviZ-style names."""
-    shape = array.shape[2:]
-    names = [
-        var if not shape else f"{var}[{', '.join(map(str, idx))}]"
-        for idx in np.ndindex(*shape)
-    ]
-    return names, array.reshape(array.shape[:2] + (-1,))
-
-
-def _check_shapes(name, draws, ref_draws, var_names):
-    for var in var_names:
-        if var not in draws:
-            raise ValueError(
-                f"run {name!r} has no variable {var!r}; the reference has "
-                f"{sorted(ref_draws)} and the run {sorted(draws)}. Pass var_names= "
-                "to compare a common subset."
-            )
-        if draws[var].shape[2:] != ref_draws[var].shape[2:]:
-            raise ValueError(
-                f"variable {var!r} has shape {draws[var].shape[2:]} in run {name!r} "
-                f"but {ref_draws[var].shape[2:]} in the reference."
-            )
-        if draws[var].shape[1] < 2:
-            raise ValueError(
-                f"run {name!r} has {draws[var].shape[1]} draw(s) of {var!r}; "
-                "need at least 2 per chain."
-            )
-
-
 def _draws_and_scores(source, draws, num_draws):
     model, args, kwargs = source
     pooled = {k: v.reshape((-1,) + v.shape[2:]) for k, v in draws.items()}
@@ -220,25 +133,17 @@ def _draws_and_scores(source, draws, num_draws):
     )
 
 
-def _ess(names, flat):
+def _ess(flat):
+    """``{"bulk", "tail", "r_hat"}`` per component of ``flat`` (chain, draw, K):
+    ArviZ's ESS and R-hat (NaN for a single chain)."""
     out = {}
     for method in ("bulk", "tail"):
         out[method] = _arviz.ess(flat, method=method).reshape(-1)
     if flat.shape[0] > 1:
         out["r_hat"] = _arviz.rhat(flat).reshape(-1)
     else:
-        out["r_hat"] = np.full(len(names), np.nan)
+        out["r_hat"] = np.full(flat.shape[-1], np.nan)
     return out
-
-
-def _run_warnings(run):
-    """The kinds of warning the run's SG kernel issued (its ``run_warnings``):
-    ``"none"`` for none, NaN where unknown (NUTS, ArviZ data, plain draws)."""
-    kinds = getattr(getattr(run, "sampler", None), "run_warnings", None)
-    if not isinstance(run, MCMC) or kinds is None:
-        return np.nan
-    kinds = list(dict.fromkeys(kinds))  # each kind once, in the order issued
-    return ", ".join(map(str, kinds)) if kinds else "none"
 
 
 def _reference_check(reference, flat):
@@ -276,6 +181,185 @@ def _reference_check(reference, flat):
         f"(needs >= {ess_min}) over {chains} chain(s) of {draws} draws"
     )
     return trusted, figures
+
+
+def _checked_options(runs, reference_name, ksd_draws, wall_times):
+    """``wall_times`` as a dict, after checking that no candidate takes the
+    reference's name, ``ksd_draws`` is a count and ``wall_times`` names only
+    known runs."""
+    if reference_name in runs:
+        raise ValueError(
+            f"a candidate is named {reference_name!r}, like the reference; pass "
+            "another reference_name=."
+        )
+    if not (isinstance(ksd_draws, int) and ksd_draws >= 0):
+        raise ValueError(f"ksd_draws must be an int >= 0, got {ksd_draws!r}.")
+    wall_times = dict(wall_times or {})
+    unknown = set(wall_times) - set(runs) - {reference_name}
+    if unknown:
+        raise ValueError(f"wall_times names unknown runs {sorted(unknown)}.")
+    return wall_times
+
+
+def _ksd_source(model, model_args, model_kwargs, loaded):
+    """``(model, args, kwargs)`` for the KSD's scores: the given model, else the
+    first loaded run's (an MCMC's), else ``None`` (no KSD)."""
+    if model is None:
+        return next((s for *_, s in loaded.values() if s is not None), None)
+    return (model, tuple(model_args), dict(model_kwargs or {}))
+
+
+def _warn_untrusted(figures, strict):
+    """Warn (``ValueError`` with ``strict``) that the reference failed its
+    convergence check; the warning points at :func:`compare`'s caller."""
+    message = (
+        f"compare: the reference is not trustworthy ({figures}), so the scores "
+        "against it may be wrong, for correct runs too. Sample a trustworthy "
+        "one first: reference_posterior's warning says what to try (more "
+        "num_warmup/num_samples; laplace='auto', the default, for an "
+        "ill-conditioned posterior); strict=True makes this an error."
+    )
+    if strict:
+        raise ValueError(message)
+    warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _finite(name, flat):
+    """Whether the run's pooled draws ``flat`` are all finite; a warning (at
+    :func:`compare`'s caller) that its rows are NaN where not."""
+    finite = bool(np.all(np.isfinite(flat)))
+    if not finite:
+        warnings.warn(
+            f"run {name!r} has non-finite draws; its rows in the comparison are NaN.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return finite
+
+
+def _scores(flat, finite, ref_mean, ref_sd, is_ref):
+    """One run's scores per component of its pooled draws ``flat`` (chain, draw,
+    K): ``mean``, ``sd``, ``ess`` (:func:`_ess`) and the biases against the
+    reference's ``ref_mean`` and ``ref_sd`` (NaN for the reference itself, and
+    all NaN for a run with non-finite draws)."""
+    all_draws = flat.reshape(-1, flat.shape[-1])
+    nan = np.full(flat.shape[-1], np.nan)
+    if finite:
+        mean, sd = all_draws.mean(0), all_draws.std(0, ddof=1)
+        ess = _ess(flat)
+    else:
+        mean, sd, ess = nan, nan, {"bulk": nan, "tail": nan, "r_hat": nan}
+    return dict(
+        mean=mean,
+        sd=sd,
+        ess=ess,
+        bias_mean=nan if is_ref else np.abs(mean - ref_mean) / ref_sd,
+        bias_var=nan if is_ref else np.abs(sd**2 - ref_sd**2) / ref_sd,
+        rel_bias_var=nan if is_ref else np.abs(sd**2 / ref_sd**2 - 1),
+    )
+
+
+def _parameter_rows(name, names, scores, ref_mean, ref_sd):
+    """The run's rows of :attr:`Comparison.per_parameter`, one per component."""
+    ess = scores["ess"]
+    return [
+        dict(
+            run=name,
+            parameter=parameter,
+            mean=scores["mean"][j],
+            sd=scores["sd"][j],
+            ref_mean=ref_mean[j],
+            ref_sd=ref_sd[j],
+            bias_mean=scores["bias_mean"][j],
+            bias_var=scores["bias_var"][j],
+            rel_bias_var=scores["rel_bias_var"][j],
+            ess_bulk=ess["bulk"][j],
+            ess_tail=ess["tail"][j],
+            r_hat=ess["r_hat"][j],
+        )
+        for j, parameter in enumerate(names)
+    ]
+
+
+def _summary_row(name, flat, scores, finite, is_ref, ref_sd, seconds, run):
+    """The run's row of :attr:`Comparison.summary`, before its KSD (NaN here)
+    and its sampler statistics: the number of draws, ``xi``, the largest biases,
+    the smallest bulk ESS, its rate per second of ``seconds`` and the kernel's
+    warnings."""
+    sd = scores["sd"]
+    min_ess = float(np.min(scores["ess"]["bulk"])) if finite else np.nan
+    return dict(
+        run=name,
+        num_draws=flat.shape[0] * flat.shape[1],
+        xi=np.nan
+        if is_ref
+        else float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd)),
+        max_bias_mean=float(np.max(scores["bias_mean"])),
+        max_bias_var=float(np.max(scores["bias_var"])),
+        max_rel_bias_var=float(np.max(scores["rel_bias_var"])),
+        min_ess_bulk=min_ess,
+        ess_per_s=min_ess / seconds if seconds else np.nan,
+        ksd=np.nan,
+        sampling_time=np.nan if seconds is None else float(seconds),
+        warnings=run_warnings(run),
+    )
+
+
+def _run_ksd(name, source, draws, ksd_draws, ksd_scale, ksd_standardise):
+    """``(ksd, ksd_scale)``: the run's KSD of ``ksd_draws`` draws with full-data
+    scores from ``source``, in coordinates divided by ``ksd_scale``; the scale is
+    fixed by the first run to get here (the reference, whose row comes first):
+    its unconstrained sds with ``ksd_standardise``, else 1. NaN, with a warning
+    at :func:`compare`'s caller, where a draw maps to non-finite values."""
+    try:
+        x, s = _draws_and_scores(source, draws, ksd_draws)
+    except ValueError as err:
+        raise ValueError(f"KSD of run {name!r}: {err}") from err
+    good = np.all(np.isfinite(x), axis=1) & np.all(np.isfinite(s), axis=1)
+    if ksd_scale is None:
+        ksd_scale = x[good].std(0, ddof=1) if ksd_standardise else 1.0
+    if good.all():
+        return ksd(x / ksd_scale, s * ksd_scale), ksd_scale
+    warnings.warn(
+        f"run {name!r}: {int((~good).sum())} of {good.size} draws map to "
+        "non-finite unconstrained values or full-data scores (a draw on "
+        "a support's boundary, or an overflowing likelihood); its KSD is "
+        "NaN.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return np.nan, ksd_scale
+
+
+def _statistics(stats):
+    """The summary columns of a run's sampler statistics ``stats``: those of
+    ``_STATS``, reduced as it says, and ``mean_<name>`` of any other numeric
+    per-draw scalar (a new sampler's statistics reach the table without being
+    registered here). All-NaN statistics (not estimated) reduce quietly."""
+    columns = {}
+    for field, column, reduce in _STATS:
+        if field in stats:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                columns[column] = float(reduce(stats[field]))
+    for field in sorted(set(stats) - _KNOWN_STATS):
+        if np.issubdtype(np.asarray(stats[field]).dtype, np.number):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                columns[f"mean_{field}"] = float(np.nanmean(stats[field]))
+    return columns
+
+
+def _tables(rows, summaries):
+    """``(per_parameter, summary)`` DataFrames of the rows, the summary's columns
+    in their documented order: ``_SUMMARY``, the known statistics, the others."""
+    per_parameter = pd.DataFrame(rows).set_index(["run", "parameter"])
+    summary = pd.DataFrame(summaries).set_index("run")
+    known = [c for _, c, _ in _STATS if c in summary]
+    columns = (
+        _SUMMARY + known + [c for c in summary if c not in _SUMMARY and c not in known]
+    )
+    return per_parameter, summary[columns]
 
 
 def compare(
@@ -372,155 +456,38 @@ def compare(
     >>> round(float(table.summary.loc["shifted", "max_bias_mean"]), 3)
     0.5
     """
-    runs = _named_runs(candidates)
-    if reference_name in runs:
-        raise ValueError(
-            f"a candidate is named {reference_name!r}, like the reference; pass "
-            "another reference_name=."
-        )
-    if not (isinstance(ksd_draws, int) and ksd_draws >= 0):
-        raise ValueError(f"ksd_draws must be an int >= 0, got {ksd_draws!r}.")
-    wall_times = dict(wall_times or {})
-    unknown = set(wall_times) - set(runs) - {reference_name}
-    if unknown:
-        raise ValueError(f"wall_times names unknown runs {sorted(unknown)}.")
-    ref_draws, ref_stats, ref_seconds, ref_source = _load(reference_name, reference)
-    if not ref_draws:
-        raise ValueError("the reference has no draws.")
-    if var_names is None:
-        var_names = list(ref_draws)
-    var_names = [var_names] if isinstance(var_names, str) else list(var_names)
-    _check_shapes(reference_name, ref_draws, ref_draws, var_names)
-    loaded = {reference_name: (ref_draws, ref_stats, ref_seconds, ref_source)}
-    for name, run in runs.items():
-        loaded[name] = _load(name, run)
-        _check_shapes(name, loaded[name][0], ref_draws, var_names)
-
-    if model is None:
-        source = next((s for *_, s in loaded.values() if s is not None), None)
-    else:
-        source = (model, tuple(model_args), dict(model_kwargs or {}))
-
-    def pooled(draws):
-        parts = [_components(v, draws[v]) for v in var_names]
-        names = [n for ns, _ in parts for n in ns]
-        return names, np.concatenate([a for _, a in parts], axis=2)
-
-    names, ref_flat = pooled(ref_draws)
+    runs = named_runs(candidates)
+    wall_times = _checked_options(runs, reference_name, ksd_draws, wall_times)
+    loaded, var_names = load_runs(reference_name, reference, runs, var_names)
+    source = _ksd_source(model, model_args, model_kwargs, loaded)
+    names, ref_flat = pooled(loaded[reference_name][0], var_names)
     if not np.all(np.isfinite(ref_flat)):
         raise ValueError("the reference has non-finite draws; it cannot be compared.")
     ref_all = ref_flat.reshape(-1, ref_flat.shape[-1])
     ref_mean, ref_sd = ref_all.mean(0), ref_all.std(0, ddof=1)
     trusted, figures = _reference_check(reference, ref_flat)
     if not trusted:
-        message = (
-            f"compare: the reference is not trustworthy ({figures}), so the scores "
-            "against it may be wrong, for correct runs too. Sample a trustworthy "
-            "one first: reference_posterior's warning says what to try (more "
-            "num_warmup/num_samples; laplace='auto', the default, for an "
-            "ill-conditioned posterior); strict=True makes this an error."
-        )
-        if strict:
-            raise ValueError(message)
-        warnings.warn(message, UserWarning, stacklevel=2)
+        _warn_untrusted(figures, strict)
     runs_by_name = {reference_name: reference, **runs}
-
     rows, summaries = [], []
     ksd_scale = None  # set from the reference, whose row comes first
     for name, (draws, stats, seconds, _) in loaded.items():
         seconds = wall_times.get(name, seconds)
-        _, flat = pooled(draws)
-        all_draws = flat.reshape(-1, flat.shape[-1])
+        _, flat = pooled(draws, var_names)
         is_ref = name == reference_name
-        finite = bool(np.all(np.isfinite(all_draws)))
-        if not finite:
-            warnings.warn(
-                f"run {name!r} has non-finite draws; its rows in the comparison are "
-                "NaN.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        nan = np.full(len(names), np.nan)
-        if finite:
-            mean, sd = all_draws.mean(0), all_draws.std(0, ddof=1)
-            ess = _ess(names, flat)
-        else:
-            mean, sd, ess = nan, nan, {"bulk": nan, "tail": nan, "r_hat": nan}
-        bias_mean = nan if is_ref else np.abs(mean - ref_mean) / ref_sd
-        bias_var = nan if is_ref else np.abs(sd**2 - ref_sd**2) / ref_sd
-        rel_bias_var = nan if is_ref else np.abs(sd**2 / ref_sd**2 - 1)
-        for j, parameter in enumerate(names):
-            rows.append(
-                dict(
-                    run=name,
-                    parameter=parameter,
-                    mean=mean[j],
-                    sd=sd[j],
-                    ref_mean=ref_mean[j],
-                    ref_sd=ref_sd[j],
-                    bias_mean=bias_mean[j],
-                    bias_var=bias_var[j],
-                    rel_bias_var=rel_bias_var[j],
-                    ess_bulk=ess["bulk"][j],
-                    ess_tail=ess["tail"][j],
-                    r_hat=ess["r_hat"][j],
-                )
-            )
-        min_ess = float(np.min(ess["bulk"])) if finite else np.nan
-        summary = dict(
-            run=name,
-            num_draws=all_draws.shape[0],
-            xi=np.nan
-            if is_ref
-            else float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd)),
-            max_bias_mean=float(np.max(bias_mean)),
-            max_bias_var=float(np.max(bias_var)),
-            max_rel_bias_var=float(np.max(rel_bias_var)),
-            min_ess_bulk=min_ess,
-            ess_per_s=min_ess / seconds if seconds else np.nan,
-            ksd=np.nan,
-            sampling_time=np.nan if seconds is None else float(seconds),
-            warnings=_run_warnings(runs_by_name[name]),
+        finite = _finite(name, flat)
+        scores = _scores(flat, finite, ref_mean, ref_sd, is_ref)
+        rows += _parameter_rows(name, names, scores, ref_mean, ref_sd)
+        summary = _summary_row(
+            name, flat, scores, finite, is_ref, ref_sd, seconds, runs_by_name[name]
         )
         if finite and source is not None and ksd_draws:
-            try:
-                x, s = _draws_and_scores(source, draws, ksd_draws)
-            except ValueError as err:
-                raise ValueError(f"KSD of run {name!r}: {err}") from err
-            good = np.all(np.isfinite(x), axis=1) & np.all(np.isfinite(s), axis=1)
-            if ksd_scale is None:
-                ksd_scale = x[good].std(0, ddof=1) if ksd_standardise else 1.0
-            if good.all():
-                summary["ksd"] = ksd(x / ksd_scale, s * ksd_scale)
-            else:
-                warnings.warn(
-                    f"run {name!r}: {int((~good).sum())} of {good.size} draws map to "
-                    "non-finite unconstrained values or full-data scores (a draw on "
-                    "a support's boundary, or an overflowing likelihood); its KSD is "
-                    "NaN.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        for field, column, reduce in _STATS:
-            if field in stats:
-                with warnings.catch_warnings():  # all-NaN where not estimated
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    summary[column] = float(reduce(stats[field]))
-        # Any other per-draw scalar a sampler records (a new sampler's statistics
-        # reach the table without being registered here).
-        for field in sorted(set(stats) - _KNOWN_STATS):
-            if np.issubdtype(np.asarray(stats[field]).dtype, np.number):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    summary[f"mean_{field}"] = float(np.nanmean(stats[field]))
+            summary["ksd"], ksd_scale = _run_ksd(
+                name, source, draws, ksd_draws, ksd_scale, ksd_standardise
+            )
+        summary.update(_statistics(stats))
         summaries.append(summary)
-    per_parameter = pd.DataFrame(rows).set_index(["run", "parameter"])
-    summary = pd.DataFrame(summaries).set_index("run")
-    known = [c for _, c, _ in _STATS if c in summary]
-    columns = (
-        _SUMMARY + known + [c for c in summary if c not in _SUMMARY and c not in known]
-    )
-    return Comparison(per_parameter, summary[columns], trusted, figures)
+    return Comparison(*_tables(rows, summaries), trusted, figures)
 
 
 def plot_marginals(candidates, reference, path, *, var_names=None, bins=40):
@@ -542,16 +509,16 @@ def plot_marginals(candidates, reference, path, *, var_names=None, bins=40):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {"reference": reference, **_named_runs(candidates)}
-    draws = {name: _load(name, run)[0] for name, run in runs.items()}
+    runs = {"reference": reference, **named_runs(candidates)}
+    draws = {name: load_run(name, run)[0] for name, run in runs.items()}
     ref = draws["reference"]
     var_names = list(ref) if var_names is None else list(np.atleast_1d(var_names))
     for name, d in draws.items():
-        _check_shapes(name, d, ref, var_names)
+        check_shapes(name, d, ref, var_names)
     panels = []
     for var in var_names:
         for name, d in draws.items():
-            names, flat = _components(var, d[var])
+            names, flat = components(var, d[var])
             draws[name] = {**d, var: flat}
         panels += [(var, j, n) for j, n in enumerate(names)]
     cols = min(4, len(panels))

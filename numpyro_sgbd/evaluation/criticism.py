@@ -10,6 +10,7 @@ that subset. :func:`full_data_log_likelihood` evaluates every row under
 attributes saying which rows it holds.
 """
 
+from functools import partial
 import math
 
 import arviz as az
@@ -76,6 +77,133 @@ def _layout(model, model_args, model_kwargs):
         if not frames:
             global_sites.append(name)
     return plates, latent, global_sites, observed
+
+
+def _check_one_plate(plates):
+    """A ``ValueError`` for a model that subsamples more than one plate: the
+    rows are evaluated in chunks of one plate's."""
+    if len(plates) > 1:
+        raise ValueError(
+            "full_data_log_likelihood evaluates the rows of one subsample plate in "
+            f"chunks; the model subsamples {sorted(plates)}. Subsample one plate "
+            "(drop subsample_size from the others), or evaluate "
+            "numpyro.infer.util.log_likelihood(full_batch(model), ...) without "
+            "chunks (memory O(draws x N)); from_numpyro takes "
+            "log_likelihood='subset' for ArviZ's group over the evaluation subset."
+        )
+
+
+def _flat_draws(posterior_samples, latent, global_sites, batch_ndims):
+    """``(params, batch_shape)``: the draws of the ``global_sites`` (those of
+    ``posterior_samples`` that are substituted) with their ``batch_ndims``
+    leading batch axes flattened into one, and that batch shape. A
+    ``ValueError`` where a ``latent`` site is missing or the draws disagree on
+    their batch shape."""
+    missing = [name for name in latent if name not in posterior_samples]
+    if missing:
+        raise ValueError(
+            f"posterior_samples lacks the latent site(s) {missing}; pass every "
+            "latent sample site of the model (as mcmc.get_samples() returns them)."
+        )
+    params = {
+        name: jnp.asarray(posterior_samples[name])
+        for name in global_sites
+        if name in posterior_samples
+    }
+    batch_shapes = {name: jnp.shape(v)[:batch_ndims] for name, v in params.items()}
+    if len(set(batch_shapes.values())) > 1 or any(
+        jnp.ndim(v) < batch_ndims for v in params.values()
+    ):
+        raise ValueError(
+            f"every site in posterior_samples needs the same {batch_ndims} leading "
+            f"batch axes (batch_ndims={batch_ndims}); got shapes "
+            f"{ {k: tuple(jnp.shape(v)) for k, v in params.items()} }."
+        )
+    batch_shape = next(iter(batch_shapes.values()), (1,) * batch_ndims)
+    num_draws = math.prod(batch_shape)
+    params = {
+        k: jnp.reshape(v, (num_draws,) + jnp.shape(v)[batch_ndims:])
+        for k, v in params.items()
+    }
+    return params, batch_shape
+
+
+def _one_draw(widened, observed, theta, indices, args, kwargs):
+    """The unscaled log-densities of the ``observed`` sites (as
+    :func:`numpyro.infer.util.log_likelihood` returns them) of the ``widened``
+    model at the draw ``theta``, on the plate rows ``indices`` (``None``: all)."""
+    fn = handlers.substitute(widened, data=theta)
+    if indices:
+        # Outermost, so these indices win over any given to the plate inside.
+        fn = fix_plates(fn, indices)
+    trace = handlers.trace(fn).get_trace(*args, **kwargs)
+    return {s: trace[s]["fn"].log_prob(trace[s]["value"]) for s in observed}
+
+
+def _draws_at(widened, observed, rebuild, params, indices, arrays):
+    """:func:`_one_draw` of every draw in ``params`` (leading axis), the model's
+    arguments rebuilt from their array leaves ``arrays``."""
+    args, kwargs = rebuild(arrays)
+    one = partial(_one_draw, widened, observed)
+    return jax.vmap(one, (0, None, None, None))(params, indices, args, kwargs)
+
+
+def _chunk(draws_at, plate, c, params, start, arrays):
+    """``draws_at`` (:func:`_draws_at`) on the ``c`` rows of ``plate`` from
+    ``start``."""
+    return draws_at(params, {plate: start + jnp.arange(c)}, arrays)
+
+
+def _row_axes(observed, shapes, plate, c):
+    """``{site: axis}``: the axis of each in-plate site's rows in a chunk's
+    result ``shapes`` (after the draws'); a ``ValueError`` for a site with no
+    axis of the chunk's ``c`` rows."""
+    axes = {}
+    for site, frame in observed.items():
+        if frame is None:
+            continue
+        shape = shapes[site].shape
+        axis = len(shape) + frame.dim
+        if axis < 1 or shape[axis] != c:
+            raise ValueError(
+                f"Site '{site}' is in the subsample plate '{plate}', but its "
+                f"log-density has shape {shape[1:]} for a chunk of {c} rows, with no "
+                f"axis of the plate (dim={frame.dim}); give the site one "
+                "log-density per row of the plate."
+            )
+        axes[site] = axis
+    return axes
+
+
+def _write_chunk(chunk, params, arrays, axes, size, c, k, rows):
+    """``rows`` with chunk ``k`` written in (the last shifted back to end at row
+    ``size``, overlapping the one before)."""
+    start = jnp.minimum(k * c, size - c)
+    part = chunk(params, start, arrays)
+    return {
+        s: lax.dynamic_update_slice_in_dim(rows[s], part[s], start, axis)
+        for s, axis in axes.items()
+    }
+
+
+def _all_rows(chunk, observed, axes, shapes, size, c, params, arrays):
+    """Every ``observed`` site's log-densities of all ``size`` rows, a
+    :func:`_chunk` of ``c`` rows at a time written into the result; the sites
+    outside the plate (not in ``axes``) once per draw, from the first chunk."""
+    out = {}
+    if len(axes) < len(observed):  # sites outside the plate: once per draw
+        first = chunk(params, 0, arrays)
+        out = {s: first[s] for s in observed if s not in axes}
+    rows = {
+        s: jnp.zeros(
+            shapes[s].shape[:axis] + (size,) + shapes[s].shape[axis + 1 :],
+            shapes[s].dtype,
+        )
+        for s, axis in axes.items()
+    }
+    body = partial(_write_chunk, chunk, params, arrays, axes, size, c)
+    out.update(lax.fori_loop(0, -(-size // c), body, rows))
+    return out
 
 
 def full_data_log_likelihood(
@@ -153,115 +281,27 @@ def full_data_log_likelihood(
         raise ValueError(f"batch_ndims must be an int >= 0, got {batch_ndims!r}.")
     model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
     plates, latent, global_sites, observed = _layout(model, model_args, model_kwargs)
-    if len(plates) > 1:
-        raise ValueError(
-            "full_data_log_likelihood evaluates the rows of one subsample plate in "
-            f"chunks; the model subsamples {sorted(plates)}. Subsample one plate "
-            "(drop subsample_size from the others), or evaluate "
-            "numpyro.infer.util.log_likelihood(full_batch(model), ...) without "
-            "chunks (memory O(draws x N)); from_numpyro takes "
-            "log_likelihood='subset' for ArviZ's group over the evaluation subset."
-        )
-    missing = [name for name in latent if name not in posterior_samples]
-    if missing:
-        raise ValueError(
-            f"posterior_samples lacks the latent site(s) {missing}; pass every "
-            "latent sample site of the model (as mcmc.get_samples() returns them)."
-        )
-    params = {
-        name: jnp.asarray(posterior_samples[name])
-        for name in global_sites
-        if name in posterior_samples
-    }
-    batch_shapes = {name: jnp.shape(v)[:batch_ndims] for name, v in params.items()}
-    if len(set(batch_shapes.values())) > 1 or any(
-        jnp.ndim(v) < batch_ndims for v in params.values()
-    ):
-        raise ValueError(
-            f"every site in posterior_samples needs the same {batch_ndims} leading "
-            f"batch axes (batch_ndims={batch_ndims}); got shapes "
-            f"{ {k: tuple(jnp.shape(v)) for k, v in params.items()} }."
-        )
-    batch_shape = next(iter(batch_shapes.values()), (1,) * batch_ndims)
-    num_draws = math.prod(batch_shape)
-    params = {
-        k: jnp.reshape(v, (num_draws,) + jnp.shape(v)[batch_ndims:])
-        for k, v in params.items()
-    }
+    _check_one_plate(plates)
+    params, batch_shape = _flat_draws(
+        posterior_samples, latent, global_sites, batch_ndims
+    )
     if not observed:
         return {}
 
-    widened = full_batch(model)
     arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
-
-    def one_draw(theta, indices, args, kwargs):
-        fn = handlers.substitute(widened, data=theta)
-        if indices:
-            # Outermost, so these indices win over any given to the plate inside.
-            fn = fix_plates(fn, indices)
-        trace = handlers.trace(fn).get_trace(*args, **kwargs)
-        # Unscaled log-densities, as numpyro.infer.util.log_likelihood returns.
-        return {s: trace[s]["fn"].log_prob(trace[s]["value"]) for s in observed}
-
-    def draws_at(params, indices, arrays):
-        args, kwargs = rebuild(arrays)
-        return jax.vmap(one_draw, (0, None, None, None))(params, indices, args, kwargs)
-
+    draws_at = partial(_draws_at, full_batch(model), observed, rebuild)
     if not plates:
         result = jax.jit(draws_at, static_argnums=1)(params, None, arrays)
         return {s: jnp.reshape(v, batch_shape + v.shape[1:]) for s, v in result.items()}
 
     ((plate, size),) = plates.items()
     if chunk_size is None:
-        chunk_size = max(1, _CHUNK_ELEMENTS // num_draws)
+        chunk_size = max(1, _CHUNK_ELEMENTS // math.prod(batch_shape))
     c = int(min(chunk_size, size))
-    num_chunks = -(-size // c)
-
-    def chunk(params, start, arrays):
-        return draws_at(params, {plate: start + jnp.arange(c)}, arrays)
-
-    # The axis of each in-plate site's rows in a chunk's result (after the draws').
+    chunk = partial(_chunk, draws_at, plate, c)
     shapes = jax.eval_shape(chunk, params, 0, arrays)
-    axes = {}
-    for site, frame in observed.items():
-        if frame is None:
-            continue
-        shape = shapes[site].shape
-        axis = len(shape) + frame.dim
-        if axis < 1 or shape[axis] != c:
-            raise ValueError(
-                f"Site '{site}' is in the subsample plate '{plate}', but its "
-                f"log-density has shape {shape[1:]} for a chunk of {c} rows, with no "
-                f"axis of the plate (dim={frame.dim}); give the site one "
-                "log-density per row of the plate."
-            )
-        axes[site] = axis
-
-    @jax.jit
-    def run(params, arrays):
-        out = {}
-        if len(axes) < len(observed):  # sites outside the plate: once per draw
-            first = chunk(params, 0, arrays)
-            out = {s: first[s] for s in observed if s not in axes}
-
-        def body(k, rows):
-            start = jnp.minimum(k * c, size - c)
-            part = chunk(params, start, arrays)
-            return {
-                s: lax.dynamic_update_slice_in_dim(rows[s], part[s], start, axis)
-                for s, axis in axes.items()
-            }
-
-        rows = {
-            s: jnp.zeros(
-                shapes[s].shape[:axis] + (size,) + shapes[s].shape[axis + 1 :],
-                shapes[s].dtype,
-            )
-            for s, axis in axes.items()
-        }
-        out.update(lax.fori_loop(0, num_chunks, body, rows))
-        return out
-
+    axes = _row_axes(observed, shapes, plate, c)
+    run = jax.jit(partial(_all_rows, chunk, observed, axes, shapes, size, c))
     result = run(params, arrays)
     return {
         s: jnp.reshape(result[s], batch_shape + result[s].shape[1:]) for s in observed

@@ -167,6 +167,145 @@ def _check_count(value, name, minimum):
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
 
 
+def _checked_settings(rng_key, **settings):
+    """``(settings, rng_key)``: the arguments that make a reference, as its cache
+    key and its record hold them (``laplace`` as ``"auto"`` or a bool, the key
+    as a list of ints: its key data for a typed key), and the key itself
+    (default ``random.key(0)``). A ``ValueError`` first for a bad count,
+    ``target_accept_prob``, ``laplace`` or ``chain_method``, in that order."""
+    _check_count(settings["num_warmup"], "num_warmup", 0)
+    _check_count(settings["num_samples"], "num_samples", 1)
+    _check_count(settings["num_chains"], "num_chains", 1)
+    _check_count(settings["max_tree_depth"], "max_tree_depth", 1)
+    target_accept_prob = settings["target_accept_prob"]
+    if not 0 < target_accept_prob < 1:
+        raise ValueError(
+            f"target_accept_prob must lie in (0, 1), got {target_accept_prob!r}."
+        )
+    laplace = settings["laplace"]
+    if isinstance(laplace, (bool, np.bool_)):
+        settings["laplace"] = bool(laplace)
+    elif not (isinstance(laplace, str) and laplace == "auto"):
+        raise ValueError(f"laplace must be 'auto', True or False, got {laplace!r}.")
+    chain_method = settings["chain_method"]
+    if chain_method not in ("sequential", "parallel", "vectorized"):
+        raise ValueError(
+            "chain_method must be 'sequential', 'parallel' or 'vectorized', got "
+            f"{chain_method!r}."
+        )
+    rng_key = random.key(0) if rng_key is None else rng_key
+    if jnp.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
+        settings["rng_key"] = np.asarray(random.key_data(rng_key)).tolist()
+    else:
+        settings["rng_key"] = np.asarray(rng_key).tolist()
+    return settings, rng_key
+
+
+def _log_laplace(laplace, form, reason):
+    """Log what ``laplace`` chose and why: at WARNING where ``"auto"`` fell
+    back to plain NUTS after a failure, at INFO otherwise."""
+    fallback = laplace == "auto" and form == "none"
+    fallback = fallback and not reason.startswith(_WELL_CONDITIONED)
+    log = _log.warning if fallback else _log.info
+    log("reference_posterior(laplace=%r): %s", laplace, reason)
+
+
+# The extra fields reference_posterior records of every NUTS transition.
+_FIELDS = ("potential_energy", "diverging", "num_steps", "accept_prob")
+_FIELDS += ("adapt_state.step_size",)
+
+
+def _mcmc(settings, progress_bar, **nuts):
+    """The :class:`~numpyro.infer.mcmc.MCMC` of a NUTS kernel (``nuts``: its
+    model or potential) with the ``settings`` of :func:`_checked_settings`."""
+    kernel = NUTS(
+        **nuts,
+        dense_mass=settings["dense_mass"],
+        target_accept_prob=settings["target_accept_prob"],
+        max_tree_depth=settings["max_tree_depth"],
+    )
+    return MCMC(
+        kernel,
+        num_warmup=settings["num_warmup"],
+        num_samples=settings["num_samples"],
+        num_chains=settings["num_chains"],
+        chain_method=settings["chain_method"],
+        progress_bar=progress_bar,
+    )
+
+
+def _run_nuts(widened, data, keys, laplace_map, kept, settings, progress_bar):
+    """``(posterior, stats)``: NUTS on the ``widened`` model with its ``data``
+    (``(model_args, model_kwargs)``) and ``keys`` ``(init, run)``, its ``kept``
+    sites grouped by chain, and its extra fields, every draw computed (for the
+    wall time). With no Laplace map (``laplace_map``: the map, or ``None``,
+    and the flat vector's unflattening) from the prior median; with one, in its
+    coordinates u (``z = loc + W u``) from independent draws of the Laplace
+    approximation, u ~ N(0, I), the sites mapped back."""
+    (model_args, model_kwargs), (key_init, key_run) = data, keys
+    whitening, unravel = laplace_map
+    if whitening is None:
+        init = init_to_median
+        mcmc = _mcmc(settings, progress_bar, model=widened, init_strategy=init)
+        mcmc.run(key_run, *model_args, extra_fields=_FIELDS, **model_kwargs)
+        samples = mcmc.get_samples(group_by_chain=True)
+        posterior = {name: samples[name] for name in kept}
+    else:
+        potential_fn, to_posterior = _whitened_nuts(
+            widened, model_args, model_kwargs, whitening, unravel
+        )
+        num_chains = settings["num_chains"]
+        shape = (num_chains, whitening.loc.shape[0])
+        u0 = random.normal(key_init, shape, whitening.loc.dtype)
+        mcmc = _mcmc(settings, progress_bar, potential_fn=potential_fn)
+        mcmc.run(
+            key_run,
+            init_params=u0 if num_chains > 1 else u0[0],
+            extra_fields=_FIELDS,
+        )
+        values = to_posterior(mcmc.get_samples(group_by_chain=True))
+        posterior = {name: values[name] for name in kept}
+    stats = mcmc.get_extra_fields(group_by_chain=True)
+    for value in jax.tree.leaves(posterior):
+        value.block_until_ready()
+    return posterior, stats
+
+
+def _record(posterior, stats, latent, settings, seconds, form, reason):
+    """``(attrs, posterior, sample_stats)`` as stored: the draws and ArviZ's
+    sample statistics as NumPy arrays, and the posterior's attributes (the
+    convergence figures of the ``latent`` draws, the wall time, the Laplace
+    choice and the ``settings`` as JSON)."""
+    num_steps = np.asarray(stats["num_steps"])
+    sample_stats = {
+        "lp": -np.asarray(stats["potential_energy"]),
+        "diverging": np.asarray(stats["diverging"]),
+        "n_steps": num_steps,
+        "tree_depth": np.floor(np.log2(np.maximum(num_steps, 1))).astype(int) + 1,
+        "acceptance_rate": np.asarray(stats["accept_prob"]),
+        "step_size": np.asarray(stats["adapt_state.step_size"]),
+    }
+    posterior = {k: np.asarray(v) for k, v in posterior.items()}
+    attrs = _diagnose(
+        {k: posterior[k] for k in latent},
+        sample_stats["diverging"],
+        num_steps,
+        settings["max_tree_depth"],
+        settings["num_chains"],
+    )
+    attrs.update(
+        sampling_time=seconds,
+        num_warmup=settings["num_warmup"],
+        laplace=form,
+        laplace_reason=reason,
+        dense_mass=int(settings["dense_mass"]),
+        # What made it, for a reference loaded from the cache (netCDF attributes
+        # hold strings, not dicts).
+        settings=json.dumps(settings, sort_keys=True),
+    )
+    return attrs, posterior, sample_stats
+
+
 def reference_posterior(
     model,
     *model_args,
@@ -294,37 +433,18 @@ def reference_posterior(
     >>> abs(float(idata.posterior["mu"].mean()) - float(y.mean())) < 0.05
     True
     """
-    _check_count(num_warmup, "num_warmup", 0)
-    _check_count(num_samples, "num_samples", 1)
-    _check_count(num_chains, "num_chains", 1)
-    _check_count(max_tree_depth, "max_tree_depth", 1)
-    if not 0 < target_accept_prob < 1:
-        raise ValueError(
-            f"target_accept_prob must lie in (0, 1), got {target_accept_prob!r}."
-        )
-    if isinstance(laplace, (bool, np.bool_)):
-        laplace = bool(laplace)
-    elif not (isinstance(laplace, str) and laplace == "auto"):
-        raise ValueError(f"laplace must be 'auto', True or False, got {laplace!r}.")
-    if chain_method not in ("sequential", "parallel", "vectorized"):
-        raise ValueError(
-            "chain_method must be 'sequential', 'parallel' or 'vectorized', got "
-            f"{chain_method!r}."
-        )
-    rng_key = random.key(0) if rng_key is None else rng_key
-    settings = dict(
+    settings, rng_key = _checked_settings(
+        rng_key,
         num_warmup=num_warmup,
         num_samples=num_samples,
         num_chains=num_chains,
-        rng_key=np.asarray(random.key_data(rng_key)).tolist()
-        if jnp.issubdtype(rng_key.dtype, jax.dtypes.prng_key)
-        else np.asarray(rng_key).tolist(),
         chain_method=chain_method,
         dense_mass=dense_mass,
         laplace=laplace,
         target_accept_prob=target_accept_prob,
         max_tree_depth=max_tree_depth,
     )
+    laplace = settings["laplace"]
     path = None
     if cache_dir is not None:
         key = _cache_key(model, model_args, model_kwargs, settings)
@@ -341,85 +461,26 @@ def reference_posterior(
     latent, kept, _ = _model_sites(model, model_args, model_kwargs)
     if not latent:
         raise ValueError("model has no latent sample site: nothing to sample.")
-    widened = full_batch(model)
     key_init, key_run = random.split(rng_key)
-    fields = ("potential_energy", "diverging", "num_steps", "accept_prob")
-    fields += ("adapt_state.step_size",)
-    nuts_kwargs = dict(
-        dense_mass=dense_mass,
-        target_accept_prob=target_accept_prob,
-        max_tree_depth=max_tree_depth,
-    )
-    mcmc_kwargs = dict(
-        num_warmup=num_warmup,
-        num_samples=num_samples,
-        num_chains=num_chains,
-        chain_method=chain_method,
-        progress_bar=progress_bar,
-    )
     start = time.perf_counter()
-    whitening, form, reason = None, "none", "laplace=False: plain NUTS"
+    whitening, form, reason, unravel = None, "none", "laplace=False: plain NUTS", None
     if laplace is not False:
         whitening, form, reason, unravel = _laplace_choice(
             model, model_args, model_kwargs, key_init, laplace, num_warmup
         )
-    fallback = laplace == "auto" and form == "none"
-    fallback = fallback and not reason.startswith(_WELL_CONDITIONED)
-    log = _log.warning if fallback else _log.info
-    log("reference_posterior(laplace=%r): %s", laplace, reason)
-    if whitening is None:
-        mcmc = MCMC(
-            NUTS(widened, init_strategy=init_to_median, **nuts_kwargs), **mcmc_kwargs
-        )
-        mcmc.run(key_run, *model_args, extra_fields=fields, **model_kwargs)
-        samples = mcmc.get_samples(group_by_chain=True)
-        posterior = {name: samples[name] for name in kept}
-    else:
-        potential_fn, to_posterior = _whitened_nuts(
-            widened, model_args, model_kwargs, whitening, unravel
-        )
-        # Independent starts from the Laplace approximation, u ~ N(0, I).
-        shape = (num_chains, whitening.loc.shape[0])
-        u0 = random.normal(key_init, shape, whitening.loc.dtype)
-        mcmc = MCMC(NUTS(potential_fn=potential_fn, **nuts_kwargs), **mcmc_kwargs)
-        mcmc.run(
-            key_run,
-            init_params=u0 if num_chains > 1 else u0[0],
-            extra_fields=fields,
-        )
-        values = to_posterior(mcmc.get_samples(group_by_chain=True))
-        posterior = {name: values[name] for name in kept}
-    stats = mcmc.get_extra_fields(group_by_chain=True)
-    for value in jax.tree.leaves(posterior):
-        value.block_until_ready()
-    seconds = time.perf_counter() - start
-
-    num_steps = np.asarray(stats["num_steps"])
-    sample_stats = {
-        "lp": -np.asarray(stats["potential_energy"]),
-        "diverging": np.asarray(stats["diverging"]),
-        "n_steps": num_steps,
-        "tree_depth": np.floor(np.log2(np.maximum(num_steps, 1))).astype(int) + 1,
-        "acceptance_rate": np.asarray(stats["accept_prob"]),
-        "step_size": np.asarray(stats["adapt_state.step_size"]),
-    }
-    posterior = {k: np.asarray(v) for k, v in posterior.items()}
-    attrs = _diagnose(
-        {k: posterior[k] for k in latent},
-        sample_stats["diverging"],
-        num_steps,
-        max_tree_depth,
-        num_chains,
+    _log_laplace(laplace, form, reason)
+    posterior, stats = _run_nuts(
+        full_batch(model),
+        (model_args, model_kwargs),
+        (key_init, key_run),
+        (whitening, unravel),
+        kept,
+        settings,
+        progress_bar,
     )
-    attrs.update(
-        sampling_time=seconds,
-        num_warmup=num_warmup,
-        laplace=form,
-        laplace_reason=reason,
-        dense_mass=int(dense_mass),
-        # What made it, for a reference loaded from the cache (netCDF attributes
-        # hold strings, not dicts).
-        settings=json.dumps(settings, sort_keys=True),
+    seconds = time.perf_counter() - start
+    attrs, posterior, sample_stats = _record(
+        posterior, stats, latent, settings, seconds, form, reason
     )
     _report(attrs, strict)
     idata = _arviz.from_dict(
