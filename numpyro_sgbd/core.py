@@ -45,6 +45,7 @@ __all__ = [
     "scale_steps",
     "split_init_key",
     "guard",
+    "repeat",
     "potential_ok",
     "step_size",
 ]
@@ -410,6 +411,119 @@ def _initial_fields(family, z, est, x):
     }
 
 
+class _Parts(NamedTuple):
+    """What :func:`build_kernel` closes over, resolved once."""
+
+    family: Family
+    estimate: Callable
+    initial_centre: Callable
+    adaptation: Adaptation
+    allowed: Callable
+    state_of: Callable
+    aux_of: Callable
+
+
+def _default_allowed(family, adaptation, bound, state):
+    return step_allowed(family, adaptation, state, bound)
+
+
+def _init_kernel(parts, rng_key, z, model_args, model_kwargs):
+    """The chain's state at z: the first estimate, the family's state, the
+    scales at 1 and, with an adapted step, the step the noise allows."""
+    family, adaptation = parts.family, parts.adaptation
+    rng_key, key_init, key_est = (family.split_init_key or split_init_key)(rng_key)
+    centre = parts.initial_centre(z, model_args, model_kwargs)
+    est = parts.estimate(key_est, z, model_args, model_kwargs, centre)
+    x = to_x(adaptation.preconditioner, z, family.flat)
+    aux = family.init(x, key_init, **family.init_kwargs)
+    state = family.state_type(
+        i=jnp.array(0),
+        z=z,
+        potential_energy_estimate=jnp.asarray(
+            est.potential_energy, jnp.result_type(float)
+        ),
+        **_initial_fields(family, z, est, x),
+        num_nonfinite=jnp.array(0),
+        centre=centre,
+        rng_key=rng_key,
+        scale=initial_scale(adaptation, ravel_pytree(z)[0]),
+        **parts.state_of(aux),
+    )
+    if adaptation.fixed_step is None:
+        state = state._replace(step_size=parts.allowed(state))
+    return state
+
+
+def _move(parts, state, key_move, key_est, model_args, model_kwargs):
+    """The family's step from ``state``: ``(aux, estimate, info)``."""
+    family, adaptation = parts.family, parts.adaptation
+    pre = adaptation.preconditioner
+    step, step_kwargs = step_size(adaptation, state), family.step_kwargs
+    if state.scale is not None:
+        in_scale = family.in_scale or scale_steps
+        step, step_kwargs = in_scale(step, step_kwargs, state.scale.scale)
+    estimate_fn = _estimate_in_x(
+        family,
+        parts.estimate,
+        pre,
+        key_est,
+        state.z,
+        model_args,
+        model_kwargs,
+        state.centre,
+    )
+    held = noise_sd = None
+    if family.keeps_gradient:
+        held = GradientEstimate(state.z_grad, noise_sd=state.noise_sd)
+        noise_sd = state.noise_sd
+    return family.step(
+        key_move,
+        parts.aux_of(state, to_x(pre, state.z, family.flat)),
+        estimate_fn,
+        step,
+        estimate=held,
+        variant=family.variant,
+        noise_sd=noise_sd,
+        **step_kwargs,
+    )
+
+
+def _sample_kernel(parts, state, model_args, model_kwargs):
+    """One step: the family's move, its estimate recorded, the scales and the
+    step adapted, a non-finite move refused."""
+    family, adaptation = parts.family, parts.adaptation
+    rng_key, key_move, key_est = random.split(state.rng_key, 3)
+    aux, est, info = _move(parts, state, key_move, key_est, model_args, model_kwargs)
+    z = to_z(adaptation.preconditioner, aux.z, state.z, family.flat)
+    noise = _kept_noise(family, state, est, info, aux.z)
+    stat_dtype = noise["mean_noise_sd"].dtype
+    potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
+    kept = parts.state_of(aux)
+    checked = [getattr(info, name) for name in family.checked]
+    ok = (
+        _finite_tree((z, kept, noise.get("z_grad"), noise.get("noise_sd"), checked))
+        & potential_ok(potential, family.exact_nan_allowed)
+        & (state.num_nonfinite == 0)
+    )
+    moved = state._replace(
+        i=state.i + 1,
+        z=z,
+        potential_energy_estimate=potential,
+        **noise,
+        **{
+            name: jnp.asarray(getattr(info, name), stat_dtype)
+            for name in family.statistics
+        },
+        rng_key=rng_key,
+        **kept,
+    )
+    moved = adapt_scale(adaptation, moved)
+    if family.rescale is not None and state.scale is not None:
+        moved = family.rescale(moved, state)
+    moved = adapt_step(adaptation, moved, parts.allowed)
+    return guard(ok, moved, state, rng_key)
+
+
 def build_kernel(
     family, estimate, initial_centre, adaptation, bound=noise_step_bound, allowed=None
 ):
@@ -426,104 +540,37 @@ def build_kernel(
     the noise allows now; by default :func:`step_allowed` with ``bound(family,
     largest noise sd)`` (:func:`noise_step_bound`).
     """
-    pre = adaptation.preconditioner
-    dtype = jnp.result_type(float)
     if allowed is None:
-
-        def allowed(state):
-            return step_allowed(family, adaptation, state, bound)
-
-    state_of, aux_of = (
-        aux_field(pre is not None)
-        if family.state_of is None
-        else (family.state_of, family.aux_of)
+        allowed = partial(_default_allowed, family, adaptation, bound)
+    if family.state_of is None:
+        state_of, aux_of = aux_field(adaptation.preconditioner is not None)
+    else:
+        state_of, aux_of = family.state_of, family.aux_of
+    parts = _Parts(
+        family, estimate, initial_centre, adaptation, allowed, state_of, aux_of
     )
-    split_keys = family.split_init_key or split_init_key
-    in_scale = family.in_scale or scale_steps
+    return partial(_init_kernel, parts), partial(_sample_kernel, parts)
 
-    def init_kernel(rng_key, z, model_args, model_kwargs):
-        rng_key, key_init, key_est = split_keys(rng_key)
-        centre = initial_centre(z, model_args, model_kwargs)
-        est = estimate(key_est, z, model_args, model_kwargs, centre)
-        x = to_x(pre, z, family.flat)
-        aux = family.init(x, key_init, **family.init_kwargs)
-        state = family.state_type(
-            i=jnp.array(0),
-            z=z,
-            potential_energy_estimate=jnp.asarray(est.potential_energy, dtype),
-            **_initial_fields(family, z, est, x),
-            num_nonfinite=jnp.array(0),
-            centre=centre,
-            rng_key=rng_key,
-            scale=initial_scale(adaptation, ravel_pytree(z)[0]),
-            **state_of(aux),
-        )
-        if adaptation.fixed_step is None:
-            state = state._replace(step_size=allowed(state))
-        return state
 
-    def sample_kernel(state, model_args, model_kwargs):
-        rng_key, key_move, key_est = random.split(state.rng_key, 3)
-        step, step_kwargs = step_size(adaptation, state), family.step_kwargs
-        if state.scale is not None:
-            step, step_kwargs = in_scale(step, step_kwargs, state.scale.scale)
-        estimate_fn = _estimate_in_x(
-            family,
-            estimate,
-            pre,
-            key_est,
-            state.z,
-            model_args,
-            model_kwargs,
-            state.centre,
-        )
-        held = None
-        if family.keeps_gradient:
-            held = GradientEstimate(state.z_grad, noise_sd=state.noise_sd)
-        aux, est, info = family.step(
-            key_move,
-            aux_of(state, to_x(pre, state.z, family.flat)),
-            estimate_fn,
-            step,
-            estimate=held,
-            variant=family.variant,
-            noise_sd=state.noise_sd if family.keeps_gradient else None,
-            **step_kwargs,
-        )
-        z = to_z(pre, aux.z, state.z, family.flat)
-        noise = _kept_noise(family, state, est, info, aux.z)
-        stat_dtype = noise["mean_noise_sd"].dtype
-        potential = jnp.asarray(est.potential_energy, dtype)
-        kept = state_of(aux)
-        ok = (
-            _finite_tree(
-                (
-                    z,
-                    kept,
-                    noise.get("z_grad"),
-                    noise.get("noise_sd"),
-                    [getattr(info, name) for name in family.checked],
-                )
-            )
-            & potential_ok(potential, family.exact_nan_allowed)
-            & (state.num_nonfinite == 0)
-        )
-        moved = state._replace(
-            i=state.i + 1,
-            z=z,
-            potential_energy_estimate=potential,
-            **noise,
-            **{
-                name: jnp.asarray(getattr(info, name), stat_dtype)
-                for name in family.statistics
-            },
-            rng_key=rng_key,
-            **kept,
-        )
-        moved = adapt_scale(adaptation, moved)
-        if family.rescale is not None and state.scale is not None:
-            moved = family.rescale(moved, state)
-        moved = adapt_step(adaptation, moved, allowed)
-        return guard(ok, moved, state, rng_key)
+def repeat(sample_kernel, num_steps, recentre=None):
+    """``sample_kernel`` run ``num_steps`` times in one compiled loop (one sample
+    of ``num_steps`` steps: NumPyro's per-sample costs, the progress bar's Python
+    dispatch and collecting ``extra_fields``, are paid once for them), with
+    ``recentre(state, model_args, model_kwargs) -> centre`` after each step where
+    the control variates re-centre in warmup."""
 
-    return init_kernel, sample_kernel
+    def one(state, model_args, model_kwargs):
+        new = sample_kernel(state, model_args, model_kwargs)
+        if recentre is None:
+            return new
+        return new._replace(centre=recentre(new, model_args, model_kwargs))
+
+    if num_steps == 1:
+        return one
+
+    def steps(state, model_args, model_kwargs):
+        return jax.lax.fori_loop(
+            0, num_steps, lambda _, s: one(s, model_args, model_kwargs), state
+        )
+
+    return steps

@@ -25,10 +25,8 @@ switch is read when NumPyro traces the kernel's step, that is inside
 ``mcmc.run``; the draws are the same either way.
 """
 
-import contextlib
-import contextvars
-
 from numpyro_sgbd.monitoring.notes import Monitor, call_host, clock_due, wall_time
+from numpyro_sgbd.monitoring.switch import enabled, off
 from numpyro_sgbd.monitoring.trace import (
     MAX_RHAT,
     MIN_ESS,
@@ -68,28 +66,3 @@ __all__ = [
     "run_ends",
     "wall_time",
 ]
-
-_ENABLED = contextvars.ContextVar("numpyro_sgbd_monitoring", default=True)
-
-
-def enabled():
-    """Whether kernels traced now compile their checks in (see the module).
-
-    >>> with off():
-    ...     enabled()
-    False
-    >>> enabled()
-    True
-    """
-    return _ENABLED.get()
-
-
-@contextlib.contextmanager
-def off():
-    """Compile the kernels' runs inside this block without their checks: no host
-    call, no convergence record (see the module)."""
-    token = _ENABLED.set(False)
-    try:
-        yield
-    finally:
-        _ENABLED.reset(token)

@@ -201,6 +201,19 @@ def wall_time(kernel, mcmc):
     return total
 
 
+def flat_name(shapes, j):
+    """``"site[k]"`` for flat coordinate ``j`` of z with site ``shapes`` (sites in
+    ``ravel_pytree``'s order, which sorts dict keys); ``"z[j]"`` without sites."""
+    if not shapes:
+        return f"z[{j}]"
+    for name in sorted(shapes):
+        size = int(np.prod(shapes[name]))
+        if j < size:
+            return f"{name}[{j}]" if shapes[name] else name
+        j -= size
+    return f"z[{j}]"
+
+
 class Monitor:
     """One kernel's host-side record of its runs: the clock (``(iteration or
     None at a start, host seconds)``, newest last), the thinned sampling draws
@@ -213,6 +226,22 @@ class Monitor:
         self.drift_points = []
         self.drift_warned = False
         self.step_checked = True
+        #: The kinds of warning the last run gave ("nonfinite", "step", "drift",
+        #: "stall", "convergence"), in order; reset when a run starts.
+        self.run_warnings = ()
+        #: The convergence check's numbers after a run (see
+        #: :func:`~numpyro_sgbd.monitoring.report`), or ``None``.
+        self.convergence = None
+        #: The run's :class:`~numpyro_sgbd.monitoring.TracePlan` and the check's
+        #: pool of chains (:class:`~numpyro_sgbd.monitoring.ConvergenceCheck`).
+        self.trace_plan = None
+        self.check = None
+
+    def record_warning(self, kind):
+        """Note that this run warned (``kind``: "step", "drift", ...), for the
+        kernel's ``run_warnings`` and :func:`~numpyro_sgbd.compare`."""
+        if kind not in self.run_warnings:
+            self.run_warnings = (*self.run_warnings, kind)
 
     def start(self):
         """Note a start: ``init``, or NumPyro tracing ``sample`` (a run)."""
@@ -228,6 +257,8 @@ class Monitor:
         """A copy with the clock but no draws (the drift check starts afresh)."""
         other = Monitor()
         other.clock = list(self.clock)
+        other.run_warnings, other.convergence = self.run_warnings, self.convergence
+        other.trace_plan = self.trace_plan
         return other
 
     def note(self, kernel, i, first_stop, leaves, step_size, scale):
@@ -235,7 +266,7 @@ class Monitor:
         warning once a chain stops, the clock, the step check at the first note of
         sampling and the drift check's draws."""
         if first_stop:
-            kernel._record_warning("nonfinite")
+            self.record_warning("nonfinite")
             _warn_nonfinite(i, advice.nonfinite_remedies(kernel._run_facts()))
         batch_shape = np.shape(i)
         i = int(np.max(i))
@@ -270,7 +301,7 @@ class Monitor:
         target = kernel._STEP_TARGET
         if smallest >= kernel._STEP_WARN_FRACTION * target:
             return
-        kernel._record_warning("step")
+        self.record_warning("step")
         remedies = advice.step_remedies(kernel._run_facts())
         warnings.warn(
             f"{type(kernel).__name__}: the gradient noise held the adapted step to "
@@ -294,12 +325,13 @@ class Monitor:
         if found is None:
             return
         self.drift_warned = True
-        kernel._record_warning("drift")
+        self.record_warning("drift")
         j, t, shift = found
         remedies = advice.drift_remedies(kernel._run_facts())
+        name = flat_name(kernel._z_shapes, j)
         warnings.warn(
             f"The chain is still drifting: over the {i - kernel._num_warmup} "
-            f"sampling iterations so far, the mean of {kernel._flat_name(j)} moved "
+            f"sampling iterations so far, the mean of {name} moved "
             f"{shift:.2g} posterior sds between the first and last quarter "
             f"({abs(t):.1f} standard errors; draws every {every} iterations). The "
             "draws do not yet come from the stationary law. "

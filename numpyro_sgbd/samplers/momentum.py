@@ -2,13 +2,10 @@
 updates) and BAOAB (the splitting integrator)."""
 
 import numpy as np
-from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_sgbd import core
-from numpyro_sgbd.kernel import (
-    _FamilyKernel,
-    family_state,
-)
+from numpyro_sgbd.family_kernel import _FamilyKernel
+from numpyro_sgbd.kernel import family_state
 from numpyro_sgbd.options import _check_positive_tree
 from numpyro_sgbd.updates.baoab import baoab_step
 from numpyro_sgbd.updates.sghmc import sghmc_init, sghmc_step
@@ -34,7 +31,33 @@ SGNHTKernelState.__doc__ = """State of :class:`SGNHT`: as
 default) and ``aux`` the pure :class:`~numpyro_sgbd.updates.sgnht.SGNHTState`."""
 
 
-class SGHMC(_FamilyKernel):
+class _FrictionMass(_FamilyKernel):
+    """A momentum family with a friction and a diagonal mass, per site (SGHMC,
+    BAOAB): their constructor."""
+
+    _NOT_TAKEN = ("adapt_mass_matrix",)
+
+    def __init__(
+        self,
+        *sources,
+        step_size=None,
+        friction=1.0,
+        mass=1.0,
+        variant=None,
+        **options,
+    ):
+        _check_positive_tree(friction, "friction")
+        _check_positive_tree(mass, "mass")
+        super().__init__(
+            *sources,
+            step_size=step_size,
+            variant=variant,
+            **options,
+        )
+        self._hyperparameters = {"friction": friction, "mass": mass}
+
+
+class SGHMC(_FrictionMass):
     r"""Stochastic gradient Hamiltonian Monte Carlo (Chen, Fox & Guestrin, 2014), in
     the form the complete recipe gives it (Ma, Chen & Fox, 2015, eq. 12).
 
@@ -117,50 +140,6 @@ class SGHMC(_FamilyKernel):
     # 1.053 at 0.05 (sd 2.6 % wide, like SGLD's 0.4) and 1.11 at 0.1.
     _STEP_TARGET = 0.05
 
-    def __init__(
-        self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
-        step_size=None,
-        friction=1.0,
-        mass=1.0,
-        variant=None,
-        preconditioner=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        beta=0.1,
-        init_noise_sd=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-        num_steps=1,
-    ):
-        _check_positive_tree(friction, "friction")
-        _check_positive_tree(mass, "mass")
-        super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
-            step_size=step_size,
-            variant=variant,
-            preconditioner=preconditioner,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            beta=beta,
-            init_noise_sd=init_noise_sd,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-            num_steps=num_steps,
-        )
-        self._hyperparameters = {"friction": friction, "mass": mass}
-
 
 class SGNHT(_FamilyKernel):
     r"""The stochastic gradient Nosé-Hoover thermostat (Ding et al., 2014), in the
@@ -212,6 +191,8 @@ class SGNHT(_FamilyKernel):
     True
     """
 
+    _NOT_TAKEN = ("adapt_mass_matrix",)
+
     _state_type = SGNHTKernelState
     _family_init = staticmethod(sgnht_init)
     _family_step = staticmethod(core.gradient_at_end(sgnht_step))
@@ -221,24 +202,11 @@ class SGNHT(_FamilyKernel):
 
     def __init__(
         self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
+        *sources,
         step_size=None,
         diffusion=1.0,
         variant="vanilla",
-        preconditioner=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        beta=0.1,
-        init_noise_sd=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-        num_steps=1,
+        **options,
     ):
         if step_size is not None and (
             isinstance(step_size, dict) or np.ndim(step_size)
@@ -254,22 +222,10 @@ class SGNHT(_FamilyKernel):
             )
         _check_positive_tree(diffusion, "diffusion")
         super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
+            *sources,
             step_size=step_size,
             variant=variant,
-            preconditioner=preconditioner,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            beta=beta,
-            init_noise_sd=init_noise_sd,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-            num_steps=num_steps,
+            **options,
         )
         self._hyperparameters = {"diffusion": diffusion}
 
@@ -283,7 +239,7 @@ BAOABKernelState.__doc__ = """State of :class:`BAOAB`: as :class:`SGHMCKernelSta
 the scheme has no noise tolerance."""
 
 
-class BAOAB(_FamilyKernel):
+class BAOAB(_FrictionMass):
     r"""Underdamped Langevin dynamics by the BAOAB splitting (Leimkuhler &
     Matthews, 2013) with minibatch forces: half a kick, half a drift, the exact
     Ornstein-Uhlenbeck flow of the friction and noise, half a drift, half a kick
@@ -343,49 +299,11 @@ class BAOAB(_FamilyKernel):
     True
     """
 
+    _NOT_TAKEN = ("adapt_mass_matrix", "beta", "init_noise_sd")
+
     _state_type = BAOABKernelState
     _family_init = staticmethod(sghmc_init)
     _family_step = staticmethod(baoab_step)
     _INIT_ARGS = ("mass",)
     _VARIANTS = ("vanilla",)
     _STEP_TARGET = 0.2
-
-    def __init__(
-        self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
-        step_size=None,
-        friction=1.0,
-        mass=1.0,
-        variant=None,
-        preconditioner=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-        num_steps=1,
-    ):
-        _check_positive_tree(friction, "friction")
-        _check_positive_tree(mass, "mass")
-        super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
-            step_size=step_size,
-            variant=variant,
-            preconditioner=preconditioner,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-            num_steps=num_steps,
-        )
-        self._hyperparameters = {"friction": friction, "mass": mass}

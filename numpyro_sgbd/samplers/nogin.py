@@ -11,13 +11,9 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
-from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_sgbd import core, monitoring
-from numpyro_sgbd.kernel import (
-    _SGKernel,
-    logger,
-)
+from numpyro_sgbd.kernel import _SGKernel, logger
 from numpyro_sgbd.options import _check_positive, _check_positive_tree, _per_site
 from numpyro_sgbd.setup import dimension
 from numpyro_sgbd.updates import (
@@ -181,6 +177,25 @@ def _nogin_aux_of(state, x):
     return NOGINUpdateState(x, state.p)
 
 
+def _check_arguments(step_size, friction, mass, inverse_temperature, covariance):
+    """NOGIN's own arguments, checked before anything is traced."""
+    check_step_size(step_size, "a positive float, or None to adapt it in warmup")
+    if step_size is not None and (
+        isinstance(step_size, dict) or np.ndim(step_size) != 0
+    ):
+        raise ValueError(
+            "NOGIN's step_size must be a positive scalar; for per-coordinate "
+            f"scales set mass= (the diagonal of M). Got {step_size!r}."
+        )
+    _check_positive(friction, "friction")
+    _check_positive(inverse_temperature, "inverse_temperature")
+    _check_positive_tree(mass, "mass")
+    if covariance not in COVARIANCES + ("auto",):
+        raise ValueError(
+            f"covariance must be 'auto' or one of {COVARIANCES}, got {covariance!r}."
+        )
+
+
 class NOGIN(_SGKernel):
     r"""NOGIN, the noisy gradient integrator (Matthews & Weare).
 
@@ -207,33 +222,17 @@ class NOGIN(_SGKernel):
     smooth targets the bias is :math:`O(h^2)` (Theorem 4.1), where SGLD's is
     :math:`O(h)` plus the gradient noise's share.
 
-    :math:`\Sigma` comes from the minibatch's per-datum gradients
-    (their sample covariance:
-    :math:`\Sigma = CC^\top`, :math:`C = \sqrt{c/(n-1)}(G-\bar G)^\top`), in one of
-    three forms, chosen by default (``covariance="auto"``) from d and n by
-    :func:`~numpyro_sgbd.kernels.choose_covariance` (the choice is logged to the
-    ``"numpyro_sgbd"`` logger and is :attr:`covariance` after ``init``):
-
-    - ``"lowrank"``: the d x n factor C; the O-step is solved by the
-      Woodbury identity in :math:`O(dn^2 + n^3)` and never forms a d x d matrix. Exact
-      for the minibatch estimate; the cheaper form when n < d (regressions on many
-      features, neural networks, matrix factorisation).
-    - ``"full"``: the d x d matrix and one symmetric eigendecomposition per step,
-      :math:`O(d^2 n + d^3)`. Same result as ``"lowrank"``; the cheaper form when
-      n > d.
-    - ``"diag"``: only the diagonal, :math:`O(dn)`: the cheap approximation that
-      drops the correlations of the noise between coordinates (biased where they
-      matter, e.g. correlated features).
-
-    **Scale.** With the default unit mass, z's natural unit of time is its posterior
-    sd s: set ``mass`` to about the posterior precision (:math:`1/s^2`, per site or
-    coordinate), and then ``step_size`` around 0.1-1 and ``friction`` around 1 are
-    sensible. The scheme is stable for :math:`h^2 < 4 s^2 m`. ``noise_damping`` in
-    the state (and ArviZ's ``sample_stats``) is
-    :math:`\frac{\beta h^2}{4}\rho(\Sigma M^{-1})`; the autocorrelation time is about
-    :math:`(4/h^2)(1 + \text{noise\_damping})` steps (Section 4.3), so above 1 the
-    gradient noise, not the step, limits exploration. The kernel warns, once, when
-    it exceeds 1 at iteration ``max(num_warmup, 100)``.
+    :math:`\Sigma` is the sample covariance of the minibatch's per-datum
+    gradients, :math:`\Sigma = CC^\top`, :math:`C = \sqrt{c/(n-1)}(G-\bar
+    G)^\top`, kept as the d x n factor (``"lowrank"``, solved by the Woodbury
+    identity), the d x d matrix (``"full"``) or its diagonal (``"diag"``, an
+    approximation); ``covariance="auto"`` chooses by d and n
+    (:func:`~numpyro_sgbd.samplers.choose_covariance`). ``noise_damping`` in the
+    state is :math:`\frac{\beta h^2}{4}\rho(\Sigma M^{-1})`: the
+    autocorrelation time is about :math:`(4/h^2)(1 + \text{noise\_damping})`
+    steps (Section 4.3), and the kernel warns once when it exceeds 1 at
+    iteration ``max(num_warmup, 100)``. The guide's NOGIN section
+    (``docs/usage.rst``) says how to choose the mass, the form and the start.
 
     :param model: a NumPyro model with its data in
         ``numpyro.plate(name, N, subsample_size=n)``, as for :class:`SGBD`; the
@@ -300,63 +299,21 @@ class NOGIN(_SGKernel):
 
     def __init__(
         self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
+        *sources,
         step_size=None,
         friction=1.0,
         mass=1.0,
         inverse_temperature=1.0,
         covariance="auto",
-        preconditioner=None,
-        adapt_mass_matrix=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-        num_steps=1,
+        **options,
     ):
-        check_step_size(step_size, "a positive float, or None to adapt it in warmup")
-        if step_size is not None and (
-            isinstance(step_size, dict) or np.ndim(step_size) != 0
-        ):
-            raise ValueError(
-                "NOGIN's step_size must be a positive scalar; for per-coordinate "
-                f"scales set mass= (the diagonal of M). Got {step_size!r}."
-            )
-        _check_positive(friction, "friction")
-        _check_positive(inverse_temperature, "inverse_temperature")
-        _check_positive_tree(mass, "mass")
-        if covariance not in COVARIANCES + ("auto",):
-            raise ValueError(
-                f"covariance must be 'auto' or one of {COVARIANCES}, got "
-                f"{covariance!r}."
-            )
-        if covariance == "auto" and gradient_fn is not None:
+        _check_arguments(step_size, friction, mass, inverse_temperature, covariance)
+        super().__init__(*sources, step_size=step_size, **options)
+        if covariance == "auto" and self._gradient_fn is not None:
             raise ValueError(
                 "With gradient_fn, name the form of the noise covariance your "
                 f"function returns: covariance= one of {COVARIANCES}."
             )
-        super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
-            step_size=step_size,
-            preconditioner=preconditioner,
-            adapt_mass_matrix=adapt_mass_matrix,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-            num_steps=num_steps,
-        )
         if self._preconditioner_arg != "none" and not (
             np.ndim(mass) == 0 and not isinstance(mass, dict) and float(mass) == 1.0
         ):
@@ -372,7 +329,7 @@ class NOGIN(_SGKernel):
         self._covariance_arg = covariance
         # Exact gradients (potential_fn) have no noise: any form serves.
         self._covariance = (
-            "diag" if covariance == "auto" and model is None else covariance
+            "diag" if covariance == "auto" and self._model is None else covariance
         )
         self._mass = None
 
@@ -400,7 +357,7 @@ class NOGIN(_SGKernel):
         if self._covariance_arg != "auto":
             return noise_form
         d = dimension(shapes)
-        n = max((m for _, m in plates.values()), default=0)
+        n = max((plate[1] for plate in plates.values()), default=0)
         self._covariance, why = choose_covariance(d, n)
         logger.info("NOGIN: covariance=%r (%s).", self._covariance, why)
         return self._covariance
@@ -513,7 +470,7 @@ class NOGIN(_SGKernel):
         )
 
     def _warn_stall(self, i, damping):
-        self._record_warning("stall")
+        self._monitor.record_warning("stall")
         _warn_stall(i, damping)
 
     def _diagnostic_parts(self, state):

@@ -1,13 +1,9 @@
 """SGBD and SGLD: the position-only families (Barker and Langevin moves)
 on the adapter."""
 
-from numpyro.infer.initialization import init_to_uniform
-
 from numpyro_sgbd import core
-from numpyro_sgbd.kernel import (
-    SGState,
-    _FamilyKernel,
-)
+from numpyro_sgbd.family_kernel import _FamilyKernel
+from numpyro_sgbd.kernel import SGState
 from numpyro_sgbd.updates import (
     BARKER_TOLERANCE,
     VARIANTS,
@@ -179,48 +175,21 @@ class SGBD(_FamilyKernel):
 
     def __init__(
         self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
+        *sources,
         step_size=None,
         variant=None,
         increment="bimodal",
-        beta=0.1,
-        init_noise_sd=None,
-        preconditioner=None,
-        adapt_mass_matrix=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-        num_steps=1,
+        **options,
     ):
         if increment not in INCREMENTS:
             raise ValueError(
                 f"increment must be one of {INCREMENTS}, got {increment!r}."
             )
         super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
+            *sources,
             step_size=step_size,
             variant=variant,
-            beta=beta,
-            init_noise_sd=init_noise_sd,
-            preconditioner=preconditioner,
-            adapt_mass_matrix=adapt_mass_matrix,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-            num_steps=num_steps,
+            **options,
         )
         self._hyperparameters = {"increment": increment}
 
@@ -309,43 +278,16 @@ class SGLD(_FamilyKernel):
 
     def __init__(
         self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
+        *sources,
         step_size=None,
         variant=None,
-        beta=0.1,
-        init_noise_sd=None,
-        preconditioner=None,
-        adapt_mass_matrix=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-        num_steps=1,
+        **options,
     ):
         super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
+            *sources,
             step_size=step_size,
             variant=variant,
-            beta=beta,
-            init_noise_sd=init_noise_sd,
-            preconditioner=preconditioner,
-            adapt_mass_matrix=adapt_mass_matrix,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-            num_steps=num_steps,
+            **options,
         )
 
     def _noise_step_bound(self, largest):

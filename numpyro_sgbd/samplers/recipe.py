@@ -6,14 +6,10 @@ import jax
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
-from numpyro.infer.initialization import init_to_uniform
 
 from numpyro_sgbd import core
-from numpyro_sgbd.kernel import (
-    _FamilyKernel,
-    _has_tracer,
-    family_state,
-)
+from numpyro_sgbd.family_kernel import _FamilyKernel
+from numpyro_sgbd.kernel import _has_tracer, family_state
 from numpyro_sgbd.updates.position import (
     PositionInfo,
     PositionState,
@@ -130,31 +126,21 @@ class Recipe(_FamilyKernel):
     True
     """
 
+    _NOT_TAKEN = ("preconditioner", "adapt_mass_matrix")
+
     _state_type = RecipeKernelState
     _family_init = staticmethod(position_init)
     _family_step = staticmethod(core.gradient_at_end(_recipe_family))
 
     def __init__(
         self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
+        *sources,
         step_size,
         diffusion,
         curl=None,
         momentum=False,
         variant="vanilla",
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        beta=0.1,
-        init_noise_sd=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-        num_steps=1,
+        **options,
     ):
         check_step_size(step_size, "a positive float (epsilon)")
         if step_size is None or isinstance(step_size, dict) or np.ndim(step_size):
@@ -175,22 +161,11 @@ class Recipe(_FamilyKernel):
                 f"skew-symmetric matrix; got {type(curl).__name__}."
             )
         super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
+            *sources,
             step_size=step_size,
             variant=variant,
             preconditioner="none",
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            beta=beta,
-            init_noise_sd=init_noise_sd,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-            num_steps=num_steps,
+            **options,
         )
         if not isinstance(momentum, (bool, np.bool_)):
             raise ValueError(f"momentum must be True or False, got {momentum!r}.")
@@ -250,22 +225,23 @@ class SGRLD(Recipe):
        gradient MCMC.* NIPS. Eq. (14).
     """
 
+    _NOT_TAKEN = (
+        "preconditioner",
+        "adapt_mass_matrix",
+        "beta",
+        "init_noise_sd",
+        "diffusion",
+        "curl",
+        "momentum",
+        "variant",
+    )
+
     def __init__(
         self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
+        *sources,
         step_size,
         inverse_metric,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-        num_steps=1,
+        **options,
     ):
         if isinstance(inverse_metric, dict):
             bad = [k for k, f in inverse_metric.items() if not callable(f)]
@@ -282,20 +258,11 @@ class SGRLD(Recipe):
             )
         self._inverse_metric = inverse_metric
         super().__init__(
-            model,
-            potential_fn,
-            gradient_fn,
+            *sources,
             step_size=step_size,
             # Replaced in `_prepare`, once z's structure is known.
             diffusion=_unit_diffusion,
-            gradient=gradient,
-            centre=centre,
-            recentre_every=recentre_every,
-            replace=replace,
-            init_strategy=init_strategy,
-            log_likelihood_size=log_likelihood_size,
-            chunk_size=chunk_size,
-            num_steps=num_steps,
+            **options,
         )
 
     def _prepare(self, shapes, one_z):

@@ -1,0 +1,332 @@
+"""The half of a kernel that prepares it from the model and its data: one trace
+of the model, the set-up (mode, preconditioner, control variates' centre), the
+gradient estimator, the chains' start and the constrained values, as
+:mod:`numpyro_sgbd.prepare` computes them. :class:`ModelSide` is a base of the
+kernels (:class:`~numpyro_sgbd.kernel._SGKernel`), whose other half is the
+NumPyro protocol over the core's pure step.
+"""
+
+import jax
+from jax import random
+import jax.numpy as jnp
+from numpyro import handlers
+from numpyro.infer.util import ParamInfo, constrain_fn
+from numpyro.util import identity
+
+from numpyro_sgbd.estimators import CustomEstimator, PotentialEstimator
+from numpyro_sgbd.prepare import (
+    CentreRequest,
+    build_estimator,
+    check_init_params,
+    control_variates,
+    data_key,
+    evaluation_indices,
+    has_tracer,
+    initial_params,
+    laplace_start,
+    trace_model,
+)
+from numpyro_sgbd.setup import Setup, dimension, find_preconditioner
+from numpyro_sgbd.sharding import data_sharding
+from numpyro_sgbd.validation import check_plate_data
+
+__all__ = ["ModelSide"]
+
+
+class ModelSide:
+    """What a kernel's ``init`` prepares from the model (or potential, or
+    gradient function) and its data, before compiling: the hooks a sampler sets
+    to say which gradient noise it needs, the set-up and estimator, the start,
+    the compiled initial state and ``postprocess_fn``. The attributes it reads
+    are set by the kernel's constructor."""
+
+    # ------------------------------------------- what the samplers set
+    def _noise_form(self):
+        """What the estimator must return besides the gradient: ``None``, ``"sd"``
+        (per-coordinate noise sd) or a covariance form (``"lowrank"``, ...)."""
+        return None
+
+    def _noise_needed_by(self):
+        """(who needs the noise, how to do without) for error messages."""
+        return "", ""
+
+    def _default_options(self, plates):
+        """Resolve the options left to ``step_size=None``'s defaults once the
+        subsample plates are known (``None`` before the trace: reset them); return
+        whether the noise form changed."""
+        if plates is None:
+            self._gradient = self._gradient_arg
+        elif self._gradient == "auto":
+            self._gradient = "control_variates" if len(plates) == 1 else "minibatch"
+        return False
+
+    def _resolve_noise_form(self, noise_form, shapes, plates):
+        """The noise form once z's shapes and the subsample plates are known (NOGIN
+        chooses its covariance form here)."""
+        return noise_form
+
+    @property
+    def setup(self):
+        """What ``init`` found from the model and its data, as one immutable
+        :class:`~numpyro_sgbd.setup.Setup` (the mode, the preconditioner, the
+        control variates' centre); every field ``None`` before ``init``."""
+        return self._setup
+
+    def use_setup(self, setup):
+        """Use ``setup`` (another kernel's :attr:`setup`, found from the same data)
+        so that ``init`` on those data searches for none of it again: for kernels
+        of one model that differ in the sampler, its hyperparameters or a plate's
+        subsample size (the full-data mode and gradient do not depend on them)."""
+        if not isinstance(setup, Setup):
+            raise TypeError(
+                "use_setup takes another kernel's .setup (a numpyro_sgbd.setup."
+                f"Setup), got {type(setup).__name__}."
+            )
+        self._setup = setup
+        self._programs["init"].clear()
+
+    @property
+    def preconditioner(self):
+        """The change of variables z = z_hat + L u, built by ``init``
+        (:class:`~numpyro_sgbd.preconditioning.Preconditioner`), or ``None``."""
+        return self._setup.preconditioner
+
+    @property
+    def adaptation_info(self):
+        """After ``init`` with a preconditioner or ``step_size=None``: the mode
+        search's report, L's form, memory and cost, and the step size's target."""
+        return self._setup.adaptation_info
+
+    @property
+    def centre_info(self):
+        """After ``init`` with ``gradient="control_variates"``: the first centre
+        (unconstrained, by site), how it was found, and the search's report."""
+        return self._setup.centre_info
+
+    @property
+    def estimator(self):
+        """After ``init``: the gradient estimator (:mod:`numpyro_sgbd.estimators`),
+        whose ``estimate(rng_key, z, model_args, model_kwargs, centre)`` gives the
+        :class:`~numpyro_sgbd.GradientEstimate` the step uses."""
+        return self._estimator
+
+    @property
+    def model(self):
+        """The model with every subsample plate fixed to :attr:`log_likelihood_indices`.
+
+        ``az.from_numpyro`` uses it for ``observed_data`` and ``log_likelihood``,
+        which then hold the fixed evaluation rows (``log_likelihood_size`` of
+        them, by default the plate's ``subsample_size``), not all N. For
+        predictions over all rows use ``Predictive(full_batch(model), ...)``.
+        ``None`` for kernels built from ``potential_fn`` or ``gradient_fn``.
+        """
+        if self._model is None or not self.log_likelihood_indices:
+            return self._model
+        return handlers.substitute(self._model, data=self.log_likelihood_indices)
+
+    def _build(self, model_args, model_kwargs):
+        """Trace the model once, validate it, find the set-up the options ask for
+        and build the gradient estimator (:mod:`numpyro_sgbd.prepare`)."""
+        self._default_options(None)
+        if self._model is None:
+            source = self._potential_fn
+            self._estimator = (
+                CustomEstimator(self._gradient_fn)
+                if source is None
+                else PotentialEstimator(source)
+            )
+            return
+        check_plate_data(self._model, model_args, model_kwargs)
+        info = trace_model(self._model, model_args, model_kwargs)
+        noise_form = self._noise_form_for(info.plates, info.shapes)
+        self._plates, self._z_shapes = info.plates, info.shapes
+        self._plate_deterministic = info.deterministic
+        traced = has_tracer((model_args, model_kwargs))
+        sharding = (
+            None if traced else data_sharding(self._plates, model_args, model_kwargs)
+        )
+        if self._preconditioner_arg != "none":
+            self._precondition(model_args, model_kwargs, info.shapes, traced)
+        self._estimator = build_estimator(
+            self._model,
+            self._plates,
+            noise_form,
+            replace=self._replace,
+            preconditioner=self.preconditioner,
+            sharding=sharding,
+        )
+        if self._gradient == "control_variates":
+            request = CentreRequest(
+                self._centre_arg, self._recentre_every, self._chunk_size
+            )
+            self._estimator, self._setup, found = control_variates(
+                self._estimator,
+                self._setup,
+                request,
+                self._model,
+                info.shapes,
+                model_args,
+                model_kwargs,
+            )
+            if found:  # the compiled initial state holds the old centre
+                self._programs["init"].clear()
+        self.log_likelihood_indices = evaluation_indices(
+            self._plates, self._log_likelihood_size
+        )
+
+    def _noise_form_for(self, plates, shapes):
+        """The estimator's noise form for these plates (raises where the noise
+        needs one subsample plate and the model has several)."""
+        noise_form = self._resolve_noise_form(self._noise_form(), shapes, plates)
+        if self._default_options(plates):
+            noise_form = self._noise_form()
+        if noise_form is not None and len(plates) > 1:
+            who, fix = self._noise_needed_by()
+            raise ValueError(
+                f"{who} estimates the gradient noise from the per-datum gradients of "
+                f"one subsample plate, but the model subsamples {sorted(plates)}. "
+                f"{fix}Subsample a single plate."
+            )
+        return noise_form
+
+    def _precondition(self, model_args, model_kwargs, shapes, traced):
+        """Find the full-data mode and build L from the Hessian there
+        (:func:`~numpyro_sgbd.setup.find_preconditioner`), unless the set-up
+        holds them for these data."""
+        key, arrays = data_key(model_args, model_kwargs)
+        if self._setup.data is not None and self._setup.data[0] == key:
+            return
+        if traced:
+            raise ValueError(
+                "step_size=None (or a preconditioner) searches for the mode with "
+                "the data in hand, but the model arguments are traced (the kernel "
+                "runs inside jax.jit or another transform). Give step_size with "
+                "preconditioner='none', or run MCMC outside the transform."
+            )
+        pre, mode, value_grad, report = find_preconditioner(
+            self._model,
+            model_args,
+            model_kwargs,
+            dimension(shapes),
+            self._preconditioner_arg,
+            who=type(self).__name__,
+            chunk_size=self._chunk_size,
+        )
+        info = {k: v for k, v in report.items() if k != "mode_search"}
+        info.update(
+            step_target=self._STEP_TARGET,
+            sampling_fraction=self._SAMPLING_FRACTION,
+            adapt_mass_matrix=self._adapt_mass,
+            mode_search=report["mode_search"],
+        )
+        self._setup = Setup(
+            data=(key, arrays),
+            preconditioner=pre,
+            mode=mode,
+            mode_value_grad=value_grad,
+            adaptation_info=info,
+        )
+
+    def _start(self, rng_key, batched, init_params, model_args, model_kwargs):
+        """``(rng_key, z)``: the chains' keys and initial points: drawn from the
+        Laplace approximation with a preconditioner and no ``init_params``, else
+        ``init_params`` or a point of the init strategy."""
+        if init_params is None and self.preconditioner is not None:
+            pre, mode = self.preconditioner, self._setup.mode
+            return laplace_start(self._programs["start"], pre, mode, rng_key, batched)
+        if batched:
+            rng_key, key_init = jnp.swapaxes(jax.vmap(random.split)(rng_key), 0, 1)
+        else:
+            rng_key, key_init = random.split(rng_key)
+        if isinstance(init_params, ParamInfo):  # as NumPyro's HMC accepts
+            init_params = init_params.z
+        if self._model is None:
+            if init_params is None:
+                raise ValueError(
+                    "init_params is required with potential_fn or gradient_fn: pass "
+                    "mcmc.run(rng_key, init_params=...)."
+                )
+            return rng_key, init_params
+        if init_params is not None:
+            check_init_params(init_params, self._z_shapes)
+            return rng_key, init_params
+        z = initial_params(
+            self._programs["init_params"],
+            self.model,
+            self._init_strategy,
+            self._z_shapes,
+            key_init,
+            model_args,
+            model_kwargs,
+        )
+        return rng_key, z
+
+    def _probe(self, one_z, model_args, model_kwargs):
+        """A user's potential_fn or gradient_fn: its estimate checked before
+        compiling (the model's own estimators give z's structure and the noise
+        form the kernel asked for by construction)."""
+
+        def probe_fn(rng_key, z):
+            centre = self._estimator.initial_centre(z, model_args, model_kwargs)
+            return self._estimator.estimate(
+                rng_key, z, model_args, model_kwargs, centre
+            )
+
+        probe = jax.eval_shape(probe_fn, random.key(0), one_z)
+        if jax.tree.structure(probe.z_grad) != jax.tree.structure(one_z):
+            raise ValueError(
+                "The gradient estimate does not have the structure of z: "
+                f"{jax.tree.structure(probe.z_grad)} vs {jax.tree.structure(one_z)}."
+            )
+        self._check_probe(probe, one_z)
+
+    def _cached_init(self, model_args, model_kwargs):
+        """The compiled initial-state function for these model arguments."""
+
+        def make(rebuild):
+            def init_from_arrays(rng_key, z, arrays):
+                args, kwargs = rebuild(arrays)
+                return self._init_state(rng_key, z, args, kwargs)
+
+            return init_from_arrays
+
+        programs = self._programs["init"]
+        fn, arrays = programs.over_data(make, model_args, model_kwargs)
+        return lambda rng_key, z: fn(rng_key, z, arrays)
+
+    def _recentre(self, state, model_args, model_kwargs):
+        """The control variates' centre after this step (re-centring in warmup)."""
+        return self._estimator.recentre(
+            state.centre,
+            state.z,
+            state.i,
+            self._num_warmup,
+            model_args,
+            model_kwargs,
+            batched=self._batched,
+        )
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        if self._model is None:
+            return identity
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        if self._plates is None:
+            self._build(model_args, model_kwargs)
+        drop = self._plate_deterministic
+
+        # One compiled function, kept per argument structure: NumPyro's loop
+        # first calls it eagerly (to size its buffers). Inside the loop it is
+        # traced inline.
+        def make(rebuild):
+            def constrained(z, arrays):
+                args, kwargs = rebuild(arrays)
+                out = constrain_fn(
+                    self.model, args, kwargs, z, return_deterministic=True
+                )
+                return {k: v for k, v in out.items() if k not in drop}
+
+            return constrained
+
+        programs = self._programs["postprocess"]
+        fn, arrays = programs.over_data(make, model_args, model_kwargs)
+        return lambda z: fn(z, arrays)

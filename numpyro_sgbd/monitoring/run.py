@@ -1,0 +1,181 @@
+"""The run checks as a kernel's ``init`` and ``sample`` wire them in: the
+convergence record given to the state, the host calls after each sample (the
+notes of :class:`~numpyro_sgbd.monitoring.notes.Monitor` and, when the run
+ends, the convergence check with its warning), and the check of data that
+NumPyro would compile into its loop as constants.
+
+Each function takes the kernel whose :class:`Monitor` (``kernel._monitor``)
+holds the record of its runs: the warnings given, the convergence check's pool
+of chains and its result.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from numpyro_sgbd import advice
+from numpyro_sgbd.monitoring.notes import call_host, clock_due, flat_name
+from numpyro_sgbd.monitoring.switch import enabled
+from numpyro_sgbd.monitoring.trace import (
+    MAX_RHAT,
+    MIN_ESS,
+    ConvergenceCheck,
+    ConvergenceWarning,
+    driving_mcmc,
+    empty_trace,
+    plan,
+    record,
+    run_ends,
+)
+
+__all__ = [
+    "CONSTANT_DATA_WARN_BYTES",
+    "after_sample",
+    "check_closed_over",
+    "start_trace",
+]
+
+#: Data larger than this, compiled into NumPyro's sampling loop as constants
+#: (``jit_model_args=False``), draw a warning naming ``jit_model_args=True``.
+CONSTANT_DATA_WARN_BYTES = 64 * 2**20
+
+
+def start_trace(kernel, state, one_z):
+    """``state`` with the convergence check's record when NumPyro's ``MCMC`` is
+    running the kernel (none with :func:`~numpyro_sgbd.monitoring.off`)."""
+    monitor = kernel._monitor
+    leaves = jax.tree.leaves(one_z)
+    dim = sum(int(np.size(x)) for x in leaves)
+    trace_plan = plan(driving_mcmc(kernel) if enabled() else None, dim)
+    check = monitor.check
+    # Sequential and parallel chains each call `init`: a run starts, and the
+    # check's pool of chains with it, only where no chain is pending.
+    if check is None or check.plan != trace_plan or not check.pending:
+        monitor.run_warnings = ()
+        check = None if trace_plan is None else ConvergenceCheck(trace_plan)
+    monitor.check, monitor.trace_plan = check, trace_plan
+    if trace_plan is None:
+        return state
+    dtype = jnp.result_type(*leaves) if leaves else jnp.float32
+    return state._replace(trace=empty_trace(trace_plan, dtype, jnp.shape(state.i)))
+
+
+def after_sample(kernel, state, new_state, trace):
+    """``new_state`` after the host calls of one sample: a note when the first
+    chain stops or the clock is due (see :func:`clock_due`), and the record of
+    the convergence check with its check when the run ends."""
+    num_warmup, num_steps = kernel._num_warmup, kernel._num_steps
+    if not enabled():
+        return new_state if trace is None else new_state._replace(trace=trace)
+    # Once per run: when the first chain stops (vectorized chains share a call).
+    first_stop = jnp.any(new_state.num_nonfinite > 0) & jnp.all(
+        state.num_nonfinite == 0
+    )
+    due = first_stop | clock_due(state.i, new_state.i, num_warmup, num_steps)
+    # The drift check's draws and the step check's smallest step are formed on
+    # the host, from what the state holds: formed here, as operands of the host
+    # call's branch, they were computed every step though read once in hundreds.
+    scale = None if new_state.scale is None else new_state.scale.scale
+    i = call_host(
+        due,
+        lambda *args: kernel._monitor.note(kernel, *args),
+        new_state.i,
+        first_stop,
+        jax.tree.leaves(new_state.z),
+        new_state.step_size,
+        scale,
+    )
+    if trace is None:
+        return new_state._replace(i=i)
+    trace_plan = kernel._monitor.trace_plan
+    before = (state.i - num_warmup) // num_steps
+    after = (new_state.i - num_warmup) // num_steps
+    trace = record(trace, trace_plan, new_state.z, after)
+    ends = run_ends(trace_plan, before, after)
+    i = call_host(ends, lambda i, rows: _on_run_end(kernel, rows), i, trace.rows)
+    return new_state._replace(i=i, trace=trace)
+
+
+def _on_run_end(kernel, rows):
+    """The convergence check, once every chain's run has ended; a
+    :class:`ConvergenceWarning` naming the worst coordinate and the remedies
+    when it falls short."""
+    monitor = kernel._monitor
+    if monitor.check is None:  # unpickled mid-run: no pool to add to
+        return
+    found = monitor.check.add(rows)
+    if found is None:
+        return
+    monitor.convergence = found
+    if found["converged"]:
+        return
+    monitor.record_warning("convergence")
+    shapes = kernel._z_shapes
+    ess = min(found["min_ess_bulk"], found["min_ess_tail"])
+    parts = []
+    if ess < MIN_ESS:
+        parts.append(
+            f"a bulk ESS of {found['min_ess_bulk']:.0f} and a tail ESS of "
+            f"{found['min_ess_tail']:.0f} (smallest, at "
+            f"{flat_name(shapes, found['worst_ess'])})"
+        )
+    if found["max_rhat"] > MAX_RHAT:
+        parts.append(
+            f"an R-hat of {found['max_rhat']:.3g} at "
+            f"{flat_name(shapes, found['worst_rhat'])}"
+        )
+    remedies = advice.convergence_remedies(
+        kernel._run_facts(),
+        ess=ess,
+        rhat=found["max_rhat"],
+        num_samples=monitor.trace_plan.num_samples,
+        warned=monitor.run_warnings,
+    )
+    warnings.warn(
+        f"{type(kernel).__name__}: the sampling draws have "
+        f"{' and '.join(parts)} (rank-normalised, over {found['num_chains']} "
+        f"chain(s) of {found['num_draws']} evenly spaced draws; the check "
+        f"wants ESS >= {MIN_ESS} and R-hat <= {MAX_RHAT})"
+        ": means and sds carry Monte Carlo errors too large to trust. "
+        f"{advice.join(remedies)} See kernel.convergence.",
+        ConvergenceWarning,
+        stacklevel=2,
+    )
+
+
+def check_closed_over(sharded, model_args, model_kwargs):
+    """While NumPyro traces its sampling loop with concrete data
+    (``jit_model_args=False``, NumPyro's default, closes over them): they become
+    constants of the compiled program, a copy of the data in it and compile
+    time that grows with them. Sharded data cannot work so (each process would
+    need every row); large data draw a warning."""
+    if sharded:
+        raise ValueError(
+            "The model's data are sharded over devices, but NumPyro's MCMC "
+            "compiles data it closes over into its sampling loop as constants "
+            "(jit_model_args=False, its default), which would gather every "
+            "shard into one program: pass MCMC(..., jit_model_args=True, "
+            "progress_bar=False), which passes the data as arguments and keeps "
+            "each shard on its device (with the bar on, NumPyro passes them "
+            "through a compiled call every step, a copy of the data each)."
+        )
+    arrays = [
+        x
+        for x in jax.tree.leaves((model_args, model_kwargs))
+        if isinstance(x, (np.ndarray, jax.Array))
+    ]
+    nbytes = sum(int(np.size(x)) * np.dtype(x.dtype).itemsize for x in arrays)
+    if nbytes > CONSTANT_DATA_WARN_BYTES:
+        warnings.warn(
+            f"The model's data ({nbytes / 2**20:.0f} MiB) are compiled into "
+            "NumPyro's sampling loop as constants (MCMC's jit_model_args=False, "
+            "its default): compilation takes longer and the program holds a "
+            "copy of the data. Pass MCMC(..., jit_model_args=True, "
+            "progress_bar=False), with the data as JAX arrays (jnp.asarray(X)), "
+            "to pass them as arguments (with the bar on, NumPyro passes them "
+            "through a compiled call every step, a copy of the data each).",
+            UserWarning,
+            stacklevel=2,
+        )

@@ -1,0 +1,372 @@
+"""Preparing a kernel from a model and its data: the one trace of the model, the
+gradient estimator, the control variates' centre and the chain's start, each a
+function of explicit values (issue 44: set-up as a value).
+
+:func:`trace_model` traces the model once and returns a :class:`ModelInfo`;
+:func:`build_estimator` builds the gradient estimator over its plates, with the
+control variates' centre of :func:`control_variates` kept in the
+:class:`~numpyro_sgbd.setup.Setup`; :func:`initial_params` and
+:func:`laplace_start` give the chains' start. The kernels
+(:mod:`numpyro_sgbd.kernel`) call them from ``init`` and keep what they return;
+the compiled programs these run once per set-up are kept in
+:class:`Programs`, one per argument structure.
+"""
+
+import contextlib
+from typing import Any, NamedTuple
+import warnings
+
+import jax
+from jax import random
+from jax.flatten_util import ravel_pytree
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from numpyro.distributions.transforms import biject_to
+from numpyro.infer.util import find_valid_initial_params, initialize_model
+from numpyro.util import not_jax_tracer
+
+from numpyro_sgbd import preconditioning
+from numpyro_sgbd.estimators import (
+    ControlVariateEstimator,
+    MinibatchEstimator,
+    as_jax_arrays,
+    jit_once,
+    split_arrays,
+)
+from numpyro_sgbd.handlers import SubsamplePlates, sample_trace, subsample_plates
+from numpyro_sgbd.setup import find_centre
+
+__all__ = [
+    "ModelInfo",
+    "Programs",
+    "build_estimator",
+    "control_variates",
+    "data_key",
+    "has_tracer",
+    "initial_params",
+    "laplace_start",
+    "trace_model",
+]
+
+
+def has_tracer(tree):
+    """Whether any leaf of ``tree`` is a JAX tracer (abstract, inside a transform)."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
+def eager_if_traced(tree):
+    """``jax.ensure_compile_time_eval()`` where ``tree`` holds a tracer (the
+    kernel set up inside a transform), else a context that does nothing."""
+    return (
+        jax.ensure_compile_time_eval() if has_tracer(tree) else contextlib.nullcontext()
+    )
+
+
+def data_key(model_args, model_kwargs):
+    """``(key, arrays)``: the identity of the model arguments, for caching what
+    was computed from them (the arrays' ids, kept alive by ``arrays`` so they are
+    not reused, and the other leaves' values)."""
+    leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
+    arrays = tuple(x for x in leaves if isinstance(x, (np.ndarray, jax.Array)))
+    ids = tuple(id(x) if isinstance(x, (np.ndarray, jax.Array)) else x for x in leaves)
+    return (treedef, ids), arrays
+
+
+class Programs:
+    """Compiled programs that run once per set-up (the initial search, the
+    initial state, the constrained values NumPyro sizes its buffers with, the
+    Laplace start), kept for the last argument structure; a pickled copy keeps
+    none."""
+
+    def __init__(self):
+        self._key, self._fn = None, None
+
+    def get(self, key, build):
+        """The program for ``key``: kept, or ``jit_once(build())``."""
+        if self._fn is None or key is None or key != self._key:
+            self._key, self._fn = key, jit_once(build())
+        return self._fn
+
+    def over_data(self, make, model_args, model_kwargs):
+        """``(fn, arrays)``: ``make(rebuild)`` compiled, whose last argument is
+        the array leaves of the model arguments, and those arrays. The arrays are
+        passed as arguments (data embedded as constants makes XLA compile slowly,
+        and anew for every kernel); the other leaves (ints such as a subsample
+        size) stay static, put back by ``rebuild``."""
+        arrays, rebuild, key = split_arrays((model_args, model_kwargs))
+        return self.get(key, lambda: make(rebuild)), arrays
+
+    def clear(self):
+        self._key, self._fn = None, None
+
+    def __getstate__(self):
+        return {"_key": None, "_fn": None}
+
+
+class ModelInfo(NamedTuple):
+    """What one trace of the model shows (:func:`trace_model`).
+
+    :ivar dict plates: ``{name: (size, n, dim)}`` of each subsample plate: its
+        size, subsample size and the batch dim of its observed sites.
+    :ivar dict shapes: the unconstrained shape of each latent site.
+    :ivar tuple deterministic: the deterministic sites inside a subsample plate
+        (left out of the draws: they have a minibatch's shape).
+    """
+
+    plates: dict
+    shapes: dict
+    deterministic: tuple
+
+
+def _read_sites(trace, plates):
+    """``(dims, shapes, deterministic)`` from a traced model; raises on a
+    discrete latent site or a latent site inside a subsample plate."""
+    dims, shapes, deterministic = {}, {}, []
+    for name, site in trace.items():
+        in_plates = [f for f in site.get("cond_indep_stack", []) if f.name in plates]
+        if site["type"] == "deterministic" and in_plates:
+            deterministic.append(name)
+        if site["type"] != "sample":
+            continue
+        if site["is_observed"]:
+            for frame in in_plates:
+                dims[frame.name] = frame.dim
+            continue
+        if site["fn"].support.is_discrete:
+            raise ValueError(
+                f"Site '{name}' is a discrete latent variable; stochastic-gradient "
+                "kernels need continuous parameters. Marginalise it out (e.g. "
+                "with a mixture distribution) or observe it."
+            )
+        if in_plates:
+            raise ValueError(
+                f"Site '{name}' is a latent variable inside the subsample plate "
+                f"'{in_plates[0].name}'. Only global parameters can be sampled "
+                "with minibatches: move it out of the plate, or marginalise it."
+            )
+        unconstrained = biject_to(site["fn"].support).inv(site["value"])
+        shapes[name] = tuple(jnp.shape(unconstrained))
+    return dims, shapes, tuple(deterministic)
+
+
+def trace_model(model, model_args, model_kwargs):
+    """The :class:`ModelInfo` of ``model`` from one trace with ``init_to_sample``
+    values, validated (NumPyro's plate check as NUTS runs it; no discrete latent
+    site, none inside a subsample plate). Warns when nothing is subsampled.
+
+    The trace is abstract (:func:`jax.eval_shape`): run op by op, it compiled
+    some twenty one-operation programs, about a second of a fresh process. Only
+    static facts leave it."""
+    found = {}
+    # NumPy data indexed by the plate's traced indices (X[idx]) must be JAX arrays.
+    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+
+    def structure():
+        trace = sample_trace(SubsamplePlates(model), model_args, model_kwargs)
+        # NumPyro's own check of the model's plates, as NUTS runs it (it warns
+        # when a batch dimension has no plate). Private in NumPyro: skipped where
+        # a version lacks it.
+        validate = getattr(numpyro.util, "_validate_model", None)
+        if validate is not None:
+            validate(trace, plate_warning="loose")
+        plates = subsample_plates(trace)
+        found["out"] = (plates, *_read_sites(trace, plates))
+
+    jax.eval_shape(structure)
+    plates, dims, shapes, deterministic = found["out"]
+    if not plates:
+        warnings.warn(
+            "The model has no subsampled plate, so every step uses the full data "
+            "(exact gradients: the unadjusted dynamics). For minibatches "
+            "write numpyro.plate(name, N, subsample_size=n).",
+            UserWarning,
+            stacklevel=4,
+        )
+    plates = {name: (size, n, dims.get(name)) for name, (size, n) in plates.items()}
+    return ModelInfo(plates, shapes, deterministic)
+
+
+def evaluation_indices(plates, log_likelihood_size):
+    """The fixed rows of each subsample plate that ArviZ's ``log_likelihood``
+    and ``observed_data`` hold (``log_likelihood_size`` of them, by default the
+    plate's subsample size). Drawn by NumPy: a compiled draw was a compilation
+    of its own in every run."""
+    rng = np.random.default_rng(0)
+    return {
+        name: jnp.asarray(
+            np.sort(
+                rng.choice(size, min(log_likelihood_size or n, size), replace=False)
+            ).astype(np.int32)
+        )
+        for name, (size, n, _) in plates.items()
+    }
+
+
+def build_estimator(model, plates, noise_form, *, replace, preconditioner, sharding):
+    """The minibatch estimator over ``plates``, with the noise the sampler needs
+    (``noise_form``: ``None``, ``"sd"`` or a covariance form)."""
+    return MinibatchEstimator(
+        model,
+        plates,
+        noise=noise_form == "sd",
+        covariance=None if noise_form in (None, "sd") else noise_form,
+        replace=replace,
+        pullback=None if preconditioner is None else preconditioner.pull,
+        sharding=sharding,
+    )
+
+
+class CentreRequest(NamedTuple):
+    """What the control variates' centre is asked to be: ``centre``, the given
+    ``{site: value}`` or ``None`` (searched); ``recentre_every``, warmup steps
+    between re-centrings or ``None``; ``chunk_size``, rows per full-data chunk."""
+
+    centre: Any
+    recentre_every: Any
+    chunk_size: int
+
+
+def control_variates(plain, setup, request, model, shapes, model_args, model_kwargs):
+    """``(estimator, setup, found)``: the control-variate estimator around the
+    given or searched centre, with the full-data potential and gradient there
+    computed once in chunks (:func:`~numpyro_sgbd.setup.find_centre`), the set-up
+    with the centre kept per dataset, and whether a new centre was computed (a
+    compiled initial state holding the old one must go)."""
+    if len(plain.plates) != 1:
+        raise ValueError(
+            "gradient='control_variates' needs exactly one subsample plate; the "
+            f"model subsamples {sorted(plain.plates) or 'none'}."
+        )
+    found = False
+    if request.centre is None and request.recentre_every is not None:
+        # Re-centring from each chain's initial position: no search; the centres
+        # live in the state.
+        setup = setup._replace(
+            centre_info={"centre": None, "source": "initial position"}
+        )
+        centre = potential = grad = None
+    else:
+        key, arrays = data_key(model_args, model_kwargs)
+        cached = setup.centre
+        if cached is not None and cached[0] == key:
+            centre, potential, grad = cached[2]
+        else:
+            setup, (centre, potential, grad) = _new_centre(
+                plain, setup, request, model, shapes, model_args, model_kwargs
+            )
+            found = True
+    estimator = ControlVariateEstimator(
+        plain,
+        centre=centre,
+        centre_potential=potential,
+        centre_grad=grad,
+        recentre_every=request.recentre_every,
+        chunk_size=request.chunk_size,
+    )
+    return estimator, setup, found
+
+
+def _new_centre(plain, setup, request, model, shapes, model_args, model_kwargs):
+    """Find the centre for these data, and keep it in the set-up unless it is
+    abstract (a kernel set up inside a transform)."""
+    if request.centre is None and has_tracer((model_args, model_kwargs)):
+        raise ValueError(
+            "gradient='control_variates' searches for its centre with "
+            "the data in hand, but the model arguments are traced (the "
+            "kernel runs inside jax.jit or another transform). Pass "
+            "centre={site: value} (e.g. posterior_mode(model, "
+            "*args).params) or run MCMC outside the transform."
+        )
+    centre, potential, grad, info = find_centre(
+        setup,
+        plain,
+        model,
+        model_args,
+        model_kwargs,
+        shapes,
+        request.centre,
+        request.chunk_size,
+    )
+    setup = setup._replace(centre_info=info)
+    found = (centre, potential, grad)
+    if not has_tracer((potential, grad)):
+        key, arrays = data_key(model_args, model_kwargs)
+        setup = setup._replace(centre=(key, arrays, found))
+    return setup, found
+
+
+def check_init_params(init_params, shapes):
+    """Raise unless ``init_params`` gives an unconstrained value for every
+    latent site."""
+    if not isinstance(init_params, dict) or set(init_params) != set(shapes):
+        got = sorted(init_params) if isinstance(init_params, dict) else init_params
+        raise ValueError(
+            "init_params must be a dict of unconstrained values for the latent "
+            f"sites {sorted(shapes)}; got {got}."
+        )
+
+
+def initial_params(programs, model, strategy, shapes, rng_key, model_args, kwargs):
+    """A valid initial point of ``model`` by ``strategy``: the search as one
+    compiled program with the data as its arguments (NumPyro's
+    ``initialize_model`` runs it op by op, and each op is compiled apart on
+    first use); where it finds none, NumPyro's own path says what is wrong."""
+    prototype = {k: jnp.zeros(v) for k, v in shapes.items()}
+
+    def make(rebuild):
+        def find_from_arrays(rng_key, arrays):
+            args, kw = rebuild(arrays)
+            (z, _, _), ok = find_valid_initial_params(
+                rng_key,
+                model,
+                init_strategy=strategy,
+                model_args=args,
+                model_kwargs=kw,
+                prototype_params=prototype,
+            )
+            return z, jnp.all(ok)
+
+        return find_from_arrays
+
+    fn, arrays = programs.over_data(make, model_args, kwargs)
+    z, ok = fn(rng_key, arrays)
+    # Under chain_method="parallel" this runs inside pmap, where the flag is
+    # abstract: NumPyro's own initialisation skips its check there too.
+    if not not_jax_tracer(ok) or bool(ok):
+        return z
+    info = initialize_model(
+        rng_key,
+        model,
+        init_strategy=strategy,
+        model_args=model_args,
+        model_kwargs=kwargs,
+    )
+    return info.param_info.z
+
+
+def laplace_start(programs, pre, mode, rng_key, batched):
+    """``(rng_key, z)``: the key split for the initial state, and z drawn from
+    the Laplace approximation N(z_hat, L L') with the other half, so that chains
+    start apart, near the mode, on the posterior's scale. One compiled program,
+    kept per form and shapes, with L as its argument: run op by op the split and
+    the draw compiled five programs (a threefry normal among them)."""
+    cache_key = (pre.form, batched, jax.tree.structure(mode)) + tuple(
+        (jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(mode)
+    )
+    unravel = ravel_pytree(mode)[1]
+
+    def build():
+        def start(rng_key, arrays):
+            pre = preconditioning.Preconditioner(cache_key[0], *arrays)
+
+            def one(key):
+                key, key_init = random.split(key)
+                u = random.normal(key_init, pre.loc.shape, pre.loc.dtype)
+                return key, unravel(pre.to_z(u))
+
+            return jax.vmap(one)(rng_key) if batched else one(rng_key)
+
+        return start
+
+    return programs.get(cache_key, build)(rng_key, tuple(pre)[1:])
