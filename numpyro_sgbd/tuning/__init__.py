@@ -12,7 +12,6 @@ keeps the best third and gives the survivors three times as long, until one is l
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 import functools
-import inspect
 import logging
 import math
 import os
@@ -29,21 +28,24 @@ from numpyro_sgbd.estimators import as_jax_arrays, split_arrays
 from numpyro_sgbd.evaluation.fssd import fssd_opt
 from numpyro_sgbd.evaluation.ksd import imq_ksd
 from numpyro_sgbd.handlers import subsample_size
-from numpyro_sgbd.modes import _subsample_plates, full_data_objective
-from numpyro_sgbd.samplers import NOGIN, SGBD, SGHMC, SGLD, SGNHT
+from numpyro_sgbd.modes import full_data_objective
+from numpyro_sgbd.samplers import SGLD
+from numpyro_sgbd.tuning.arguments import (  # noqa: F401 (public here as before)
+    METRICS,
+    MIN_DRAWS,
+    SAMPLERS,
+    SCORES,
+    check_settings,
+    constructor_accepts,
+    plate_choice,
+    sampler_grids,
+)
 from numpyro_sgbd.validation import warmup_elsewhere
 
 __all__ = ["Arm", "TuneResult", "tune"]
 
 logger = logging.getLogger("numpyro_sgbd")
 
-#: The samplers :func:`tune` knows by name, and its default set.
-SAMPLERS = {"SGBD": SGBD, "SGLD": SGLD, "SGHMC": SGHMC, "SGNHT": SGNHT, "NOGIN": NOGIN}
-METRICS = ("ksd", "fssd")
-SCORES = ("full", "minibatch")
-#: Draws an arm must be able to record in round 0 for its discrepancy to mean
-#: anything; a budget that allows fewer is refused.
-MIN_DRAWS = 10
 #: Records kept per arm before its stride doubles (memory O(this x d) per arm).
 _KEEP_FACTOR = 8
 #: Records per compiled call at most.
@@ -158,66 +160,6 @@ def _num_rounds(num_arms, eta):
         m //= eta
         rounds += 1
     return max(rounds, 1)
-
-
-def _sampler_entry(entry):
-    """``(name, factory)`` of a ``samplers`` entry: a name, a sampler class or a
-    ``functools.partial`` of one."""
-    if isinstance(entry, str):
-        if entry not in SAMPLERS:
-            raise ValueError(
-                f"samplers: unknown sampler {entry!r}; the names are "
-                f"{sorted(SAMPLERS)}, or pass a sampler class (or a "
-                "functools.partial of one)."
-            )
-        return entry, SAMPLERS[entry]
-    cls = entry.func if isinstance(entry, functools.partial) else entry
-    if not (inspect.isclass(cls) and issubclass(cls, tuple(SAMPLERS.values()))):
-        raise ValueError(
-            f"samplers: {entry!r} is not one of {sorted(SAMPLERS)} (as a name, a "
-            "class or a functools.partial of a class)."
-        )
-    return cls.__name__, entry
-
-
-def _positive_number(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
-        raise ValueError(f"{name} must be a positive number, got {value!r}.")
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive number, got {value!r}.")
-    return float(value)
-
-
-def _positive_int(value, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
-    return int(value)
-
-
-def _step_grid(step_sizes, name, factory):
-    """The step sizes of one sampler: given (a sequence, or a dict by sampler
-    name), or ``target`` times 2, 1, 1/4, 1/16 and 1/64, from the sampler's step
-    target."""
-    if isinstance(step_sizes, dict):
-        step_sizes = step_sizes.get(name)
-    if step_sizes is None:
-        cls = factory.func if isinstance(factory, functools.partial) else factory
-        target = float(cls._STEP_TARGET)
-        return tuple(float(target * f) for f in (2.0, 1.0, 0.25, 0.0625, 0.015625))
-    grid = tuple(np.atleast_1d(np.asarray(step_sizes, dtype=float)).tolist())
-    if not grid or not all(np.isfinite(h) and h > 0 for h in grid):
-        raise ValueError(
-            f"step_sizes for {name} must be positive numbers (in the whitened "
-            f"coordinates u, where the posterior has unit scale), got {step_sizes!r}."
-        )
-    return grid
-
-
-def _constructor_accepts(factory, name):
-    cls = factory.func if isinstance(factory, functools.partial) else factory
-    return name in inspect.signature(cls.__init__).parameters
 
 
 class _Draws:
@@ -396,88 +338,33 @@ def tune(
     True
     """
     # ------------------------------------------------ arguments, before compiling
-    budget = _positive_number(budget, "budget")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}.")
-    if scores not in SCORES:
-        raise ValueError(f"scores must be one of {SCORES}, got {scores!r}.")
-    eta = _positive_int(eta, "eta", 2)
-    num_draws = _positive_int(num_draws, "num_draws", MIN_DRAWS)
-    thinning = _positive_int(thinning, "thinning")
-    chunk_size = _positive_int(chunk_size, "chunk_size")
-    if not isinstance(vectorize, (bool, np.bool_)):
-        raise ValueError(f"vectorize must be True or False, got {vectorize!r}.")
-    if preconditioner not in ("auto", "dense", "lowrank", "diagonal"):
-        raise ValueError(
-            "preconditioner must be 'auto', 'dense', 'lowrank' or 'diagonal' (tune "
-            "takes step sizes in the whitened coordinates), got "
-            f"{preconditioner!r}."
-        )
-    if isinstance(samplers, (str, type, functools.partial)):
-        samplers = [samplers]
-    entries = [_sampler_entry(s) for s in samplers]
-    if not entries:
-        raise ValueError("samplers is empty: give at least one sampler.")
-    names = [name for name, _ in entries]
-    if len(set(names)) != len(names):
-        raise ValueError(
-            f"samplers names {names} twice; tune compares one configuration of "
-            "each sampler class (fix other options with functools.partial)."
-        )
-    if isinstance(step_sizes, dict):
-        unknown = set(step_sizes) - set(names)
-        if unknown:
-            raise ValueError(
-                f"step_sizes names {sorted(unknown)}, which are not among the "
-                f"samplers {names}."
-            )
-    grids = {name: _step_grid(step_sizes, name, f) for name, f in entries}
+    (
+        budget,
+        metric,
+        scores,
+        eta,
+        num_draws,
+        thinning,
+        chunk_size,
+        vectorize,
+        preconditioner,
+    ) = check_settings(
+        budget,
+        metric,
+        scores,
+        eta,
+        num_draws,
+        thinning,
+        chunk_size,
+        vectorize,
+        preconditioner,
+    )
+    entries, grids = sampler_grids(samplers, step_sizes)
     rng_key = random.key(0) if rng_key is None else rng_key
-
     model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
-    plates = _subsample_plates(model, model_args, model_kwargs)
-    if not plates:
-        raise ValueError(
-            "tune compares minibatch samplers, but the model has no subsample "
-            "plate: write numpyro.plate(name, N, subsample_size=n) around its data."
-        )
-    one_plate = len(plates) == 1
-    if gradients is None:  # as step_size=None chooses
-        gradients = ("control_variates",) if one_plate else ("minibatch",)
-    if isinstance(gradients, str):
-        gradients = (gradients,)
-    gradients = tuple(gradients)
-    bad = [g for g in gradients if g not in ("minibatch", "control_variates")]
-    if bad or not gradients:
-        raise ValueError(
-            "gradients must be a non-empty subset of ('minibatch', "
-            f"'control_variates'), got {gradients!r}."
-        )
-    if "control_variates" in gradients and not one_plate:
-        raise ValueError(
-            "gradients='control_variates' needs exactly one subsample plate; the "
-            f"model subsamples {sorted(plates)}. Pass gradients=['minibatch']."
-        )
-    if one_plate:
-        ((plate, (size, declared)),) = plates.items()
-        if subsample_sizes is None:
-            subsample_sizes = sorted(
-                {max(2, declared // 10), declared, min(10 * declared, size - 1)}
-            )
-        subsample_sizes = [int(n) for n in np.atleast_1d(subsample_sizes)]
-        if not subsample_sizes or not all(1 <= n < size for n in subsample_sizes):
-            raise ValueError(
-                f"subsample_sizes must be ints in [1, {size}) for plate "
-                f"'{plate}' (N = {size}), got {subsample_sizes!r}."
-            )
-        subsample_sizes = sorted(set(subsample_sizes))
-    else:
-        if subsample_sizes is not None:
-            raise ValueError(
-                f"subsample_sizes needs one subsample plate; the model subsamples "
-                f"{sorted(plates)}: leave subsample_sizes=None (the declared sizes)."
-            )
-        plate, subsample_sizes = None, [None]
+    plate, gradients, subsample_sizes = plate_choice(
+        model, model_args, model_kwargs, gradients, subsample_sizes
+    )
 
     arms = [
         Arm(name, g, n, h)
@@ -531,7 +418,7 @@ def tune(
         options = dict(
             step_size=None, gradient=g, preconditioner=form, chunk_size=chunk_size
         )
-        if _constructor_accepts(factory, "adapt_mass_matrix"):
+        if constructor_accepts(factory, "adapt_mass_matrix"):
             options["adapt_mass_matrix"] = False
         arm_model = model if n is None else subsample_size(model, {plate: n})
         kernel = factory(arm_model, **options)
@@ -840,7 +727,7 @@ def _winner_kernel(factory, arm, tuned, model, plate, form, chunk_size):
         preconditioner=form,
         chunk_size=chunk_size,
     )
-    if _constructor_accepts(factory, "variant"):
+    if constructor_accepts(factory, "variant"):
         options["variant"] = tuned.variant
     if arm.subsample_size is not None:
         model = subsample_size(model, {plate: arm.subsample_size})
