@@ -16,7 +16,7 @@ import numpy as np
 from numpyro_sgbd.modes import _subsample_plates
 from numpyro_sgbd.samplers import NOGIN, SGBD, SGHMC, SGLD, SGNHT
 
-#: The samplers :func:`tune` knows by name, and its default set.
+#: The samplers :func:`~numpyro_sgbd.tuning.tune` knows by name, and its default set.
 SAMPLERS = {"SGBD": SGBD, "SGLD": SGLD, "SGHMC": SGHMC, "SGNHT": SGNHT, "NOGIN": NOGIN}
 METRICS = ("ksd", "fssd")
 SCORES = ("full", "minibatch")
@@ -28,7 +28,7 @@ _PRECONDITIONERS = ("auto", "dense", "lowrank", "diagonal")
 
 
 class Settings(NamedTuple):
-    """:func:`tune`'s scalar arguments, checked (see there)."""
+    """:func:`~numpyro_sgbd.tuning.tune`'s scalar arguments, checked (see there)."""
 
     budget: float
     metric: str
@@ -79,8 +79,8 @@ def check_settings(
     vectorize,
     preconditioner,
 ):
-    """:class:`Settings` from :func:`tune`'s scalar arguments, or the
-    ``ValueError`` of the first that is not valid."""
+    """:class:`Settings` from :func:`~numpyro_sgbd.tuning.tune`'s scalar
+    arguments, or the ``ValueError`` of the first that is not valid."""
     budget = _positive_number(budget, "budget")
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}.")

@@ -39,8 +39,9 @@ _BUFFER = 256
 
 
 class Problem(NamedTuple):
-    """The model as :func:`tune` was given it, its arguments as JAX arrays, and
-    the subsample plate whose size the arms set (``None``: the declared sizes)."""
+    """The model as :func:`~numpyro_sgbd.tuning.tune` was given it, its
+    arguments as JAX arrays, and the subsample plate whose size the arms set
+    (``None``: the declared sizes)."""
 
     model: Callable
     model_args: tuple
