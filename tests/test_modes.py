@@ -330,16 +330,16 @@ def test_a_search_through_overflowing_curvature_ends_at_the_mode(
     code before the fix looped in CG without end (the cap makes that a failure,
     not a hang). The mode's gradient, recomputed here in float64 NumPy, is
     zero."""
-    import numpyro_sgbd.modes as modes
+    import numpyro_sgbd.mode_search as search
 
-    solves, solve = [0], modes._damped_cg
+    solves, solve = [0], search._damped_cg
 
     def counted(*args):
         solves[0] += 1
         assert solves[0] < 5_000, "the search does not end"
         return solve(*args)
 
-    monkeypatch.setattr(modes, "_damped_cg", counted)
+    monkeypatch.setattr(search, "_damped_cg", counted)
     X, y = doctor_visits
     objective = full_data_objective(_negative_binomial_glm, (X, y))
     if path == "hvp":

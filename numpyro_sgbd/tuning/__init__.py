@@ -1,0 +1,493 @@
+"""MAMBA: choosing the sampler, its step size and the minibatch size for a
+wall-clock budget, by successive halving scored with a Stein discrepancy.
+
+:func:`tune` runs every combination of the given samplers, gradient estimators,
+subsample sizes and step sizes (the *arms*) for a short time, scores each by the
+kernel Stein discrepancy (or FSSD) of its thinned draws against the full-data score,
+keeps the best third and gives the survivors three times as long, until one is left
+(Coullon, South & Nemeth, Algorithm 1). It returns the winner as a kernel ready for
+:class:`~numpyro.infer.MCMC`, with a table of every arm in every round.
+
+Its arguments are checked in :mod:`~numpyro_sgbd.tuning.arguments`; the arms'
+chains (their shared set-up, kernels, compiled programs, timed runs and scores)
+are in :mod:`~numpyro_sgbd.tuning.chains`; here are the rounds.
+"""
+
+from dataclasses import dataclass, field
+import logging
+import math
+import time
+from typing import NamedTuple
+
+from jax import random
+import numpy as np
+
+from numpyro_sgbd.estimators import as_jax_arrays
+from numpyro_sgbd.tuning.arguments import (  # noqa: F401 (public here as before)
+    METRICS,
+    MIN_DRAWS,
+    SAMPLERS,
+    SCORES,
+    Settings,
+    check_settings,
+    plate_choice,
+    sampler_grids,
+)
+from numpyro_sgbd.tuning.chains import (
+    Problem,
+    Recording,
+    Records,
+    Shared,
+    _Draws,  # noqa: F401 (the tests read these here)
+    _full_scores,  # noqa: F401
+    alone,
+    check_budget,
+    compile_programs,
+    discrepancy,
+    ready_groups,
+    run_groups,
+    shared_setup,
+    winner_kernel,
+)
+
+__all__ = ["Arm", "TuneResult", "tune"]
+
+logger = logging.getLogger("numpyro_sgbd")
+
+
+class Arm(NamedTuple):
+    """One configuration: the sampler (by name), the gradient estimator, the
+    subsample size n of the plate and the step size in the whitened coordinates u
+    (unit posterior scale; see :mod:`numpyro_sgbd.preconditioning`)."""
+
+    sampler: str
+    gradient: str
+    subsample_size: int
+    step_size: float
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` found.
+
+    :ivar kernel: the winning arm as a kernel ready for
+        ``MCMC(result.kernel, num_warmup=..., num_samples=...)``: its sampler with
+        the winning ``step_size`` in u, the same preconditioner and gradient
+        estimator, on the model with the winning subsample size. It carries the
+        mode, preconditioner and centre :func:`tune` computed, so its ``init``
+        searches for none of them again.
+    :ivar Arm arm: the winning configuration.
+    :ivar table: a :class:`pandas.DataFrame`, one row per arm and round it ran in:
+        ``round``, ``sampler``, ``gradient``, ``subsample_size``, ``step_size``,
+        ``seconds`` and ``steps`` (cumulative, charged to the arm), ``draws``
+        (scored), ``discrepancy`` (the metric; ``inf`` for an arm that blew up or
+        broke its sampler's noise bound), ``status`` (``"kept"``, ``"pruned"``,
+        ``"non-finite"``, ``"noise bound"``, ``"winner"``).
+    :ivar str metric: ``"ksd"`` or ``"fssd"``.
+    :ivar float budget: the sampling budget in seconds (what the arms were charged,
+        summed over arms and rounds).
+    :ivar int rounds: the number of rounds, ``floor(log_eta M)`` (at least 1).
+    :ivar dict seconds: wall-clock seconds by phase: ``"setup"`` (mode search,
+        preconditioner, control-variate centre, the full-data score function),
+        ``"compile"`` (each group's kernel ``init``, its compiled program, two timed
+        records, and the programs for fewer chains after pruning), ``"sampling"``
+        (what the arms were charged, plus overruns), ``"scoring"`` (full-data scores
+        and discrepancies), ``"total"``.
+    :ivar float steps_per_second: the winner's steps per charged second.
+    """
+
+    kernel: object
+    arm: Arm
+    table: object
+    metric: str
+    budget: float
+    rounds: int
+    seconds: dict = field(default_factory=dict)
+    steps_per_second: float = float("nan")
+
+    def num_samples(self, seconds):
+        """The number of steps the winner runs in ``seconds`` at the rate it had
+        during tuning (vectorised arms ran at a different rate than one chain:
+        time a short run to be sure)."""
+        return max(1, int(seconds * self.steps_per_second))
+
+    def plot(self, ax=None):
+        """The rounds: each arm's discrepancy against the seconds charged to it so
+        far (log scale), the winner highlighted. Needs matplotlib.
+
+        :return: the matplotlib ``Axes``.
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as err:  # pragma: no cover - depends on the install
+            raise ImportError(
+                "TuneResult.plot needs matplotlib: pip install matplotlib."
+            ) from err
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 4))
+        table = self.table
+        finite = table[np.isfinite(table["discrepancy"])]
+        for arm, rows in finite.groupby(
+            ["sampler", "gradient", "subsample_size", "step_size"], sort=False
+        ):
+            winner = Arm(*arm) == self.arm
+            ax.plot(
+                rows["seconds"],
+                rows["discrepancy"],
+                "o-" if winner else ".-",
+                color="C3" if winner else "0.6",
+                lw=2 if winner else 0.8,
+                zorder=3 if winner else 1,
+                label=_arm_label(self.arm) if winner else None,
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("seconds charged to the arm")
+        ax.set_ylabel(self.metric.upper())
+        ax.set_title(
+            f"MAMBA: {table.groupby(list(Arm._fields)).ngroups} arms, "
+            f"{self.rounds} rounds, budget {self.budget:g} s"
+        )
+        ax.legend(loc="best")
+        return ax
+
+
+def _arm_label(arm):
+    return f"{arm.sampler} {arm.gradient} n={arm.subsample_size} h={arm.step_size:.3g}"
+
+
+def _num_rounds(num_arms, eta):
+    """``floor(log_eta M)``, at least 1, in integers."""
+    rounds, m = 0, num_arms
+    while m >= eta:
+        m //= eta
+        rounds += 1
+    return max(rounds, 1)
+
+
+def tune(
+    model,
+    *model_args,
+    budget,
+    samplers=("SGBD", "SGLD", "SGHMC", "SGNHT", "NOGIN"),
+    step_sizes=None,
+    subsample_sizes=None,
+    gradients=None,
+    metric="ksd",
+    eta=3,
+    rng_key=None,
+    num_draws=100,
+    thinning=10,
+    scores="full",
+    vectorize=True,
+    preconditioner="auto",
+    chunk_size=4096,
+    **model_kwargs,
+):
+    r"""Choose the sampler, step size, minibatch size and gradient estimator for a
+    wall-clock budget: MAMBA, successive halving scored by a Stein discrepancy.
+
+    The arms are every combination of ``samplers`` x ``gradients`` x
+    ``subsample_sizes`` x the step sizes (``M`` in all). In each of
+    :math:`R = \lfloor \log_\eta M \rfloor` rounds every surviving arm runs for
+    :math:`r_i = T / (|S_i| R)` more seconds, continuing its chain; then each is
+    scored by the discrepancy of ``num_draws`` of its draws (equally spaced over its
+    whole run, kept every ``thinning`` steps) and only the best
+    :math:`\lfloor |S_i| / \eta \rfloor` go on. The charged time of all arms sums
+    to ``budget``; the winner is the best arm of the last round.
+
+    **Coordinates.** Every arm runs with the preconditioner of
+    ``step_size=None`` (the full-data mode :math:`\hat z` and
+    :math:`z = \hat z + L u` from the Hessian there, found once and shared), starts
+    from one draw of the Laplace approximation (the same for every arm) and
+    takes its step size in u, where the posterior has unit scale. The discrepancy is
+    taken in u as well, with the score :math:`L^\top \nabla_z \log\pi`, so the IMQ
+    kernel's unit length fits every model. Default step sizes are the sampler's
+    ``step_size=None`` target times 2, 1, 1/4, 1/16 and 1/64; default subsample
+    sizes are the plate's declared n, n / 10 and 10 n (within [2, N)).
+
+    **Time.** In round 0 the arms of one sampler, estimator and subsample size run
+    as vectorised chains, one per step size, in one compiled program
+    (``vectorize=True``); each is charged the program's wall time divided by the
+    number of its chains. From round 1 on every surviving arm runs alone on its
+    group's one-chain program and is charged its own wall time (re-vectorising the
+    survivors would compile a program for each new number of chains). Compile time,
+    the setup (mode search, preconditioner, centre) and scoring are measured and
+    reported apart, not charged to the arms.
+
+    **Failures.** An arm whose chain meets a non-finite value (the kernel's guard
+    stops it) is scored ``inf`` and pruned, and so is an SGHMC or SGNHT arm whose
+    step breaks the corrected variant's bound :math:`\epsilon \tau^2 \le 2 D` at
+    the start (the kernel would refuse it); neither stops the tuning.
+
+    :param model: the NumPyro model, its data in one subsample plate
+        ``numpyro.plate(name, N, subsample_size=n)`` (several subsample plates: the
+        declared sizes only, minibatch gradients only).
+    :param model_args: the model's positional arguments (the data).
+    :param float budget: seconds of sampling, summed over arms and rounds (T).
+    :param samplers: names (``"SGBD"``, ``"SGLD"``, ``"SGHMC"``, ``"SGNHT"``,
+        ``"NOGIN"``), sampler classes, or ``functools.partial`` of a class with
+        fixed options (``partial(SGHMC, friction=2.0)``); ``step_size``,
+        ``gradient`` and ``preconditioner`` are set by ``tune``.
+    :param step_sizes: step sizes in u: a sequence for every sampler, a dict
+        ``{sampler name: sequence}``, or ``None`` for each sampler's default grid.
+    :param subsample_sizes: ints in ``[1, N)``, or ``None`` for the default.
+    :param gradients: a subset of ``("minibatch", "control_variates")``; default
+        ``step_size=None``'s choice: control variates with one subsample plate,
+        plain minibatches with several.
+    :param str metric: ``"ksd"`` (IMQ kernel Stein discrepancy, O(m^2 d)) or
+        ``"fssd"`` (FSSD with optimised test locations, O(m d)).
+    :param int eta: the pruning rate: the best ``1/eta`` of the arms survive.
+    :param rng_key: a JAX random key (default ``random.key(0)``).
+    :param int num_draws: draws per arm in its discrepancy (at least 10).
+    :param int thinning: steps between recorded draws.
+    :param str scores: ``"full"`` (the full-data score at each scored draw,
+        computed in chunks of ``chunk_size`` rows) or ``"minibatch"`` (the
+        stochastic KSD of the tuning paper's Appendix B.2: a minibatch estimate at
+        each recorded draw; cheaper, noisier).
+    :param bool vectorize: run an estimator's step sizes as vectorised chains.
+    :param str preconditioner: ``"auto"``, ``"dense"``, ``"lowrank"`` or
+        ``"diagonal"`` (see :class:`~numpyro_sgbd.SGBD`).
+    :param int chunk_size: data rows per chunk of full-data passes.
+    :param model_kwargs: the model's keyword arguments.
+    :return: a :class:`TuneResult`.
+    :raises ValueError: for bad arguments (before any compiling), and when the
+        budget gives the slowest arm fewer than 10 recorded draws in round 0 (after
+        compiling, which measures the step time; the message names the budget that
+        would do).
+
+    **References**
+
+    1. Coullon, J., South, L. & Nemeth, C. (2023). *Efficient and generalizable
+       tuning strategies for stochastic gradient MCMC.* Statistics and Computing:
+       Algorithm 1 (successive halving), eqs. (3)-(4) (KSD, FSSD), Appendix B.2
+       (stochastic KSD).
+    2. Karnin, Z., Koren, T. & Somekh, O. (2013). *Almost optimal exploration in
+       multi-armed bandits.* ICML.
+
+    >>> import jax, numpyro, numpyro.distributions as dist
+    >>> from numpyro.infer import MCMC
+    >>> def model(y):
+    ...     mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    ...     with numpyro.plate("data", y.shape[0], subsample_size=32) as idx:
+    ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+    >>> y = 1.0 + jax.random.normal(jax.random.key(0), (2000,))
+    >>> result = tune(model, y, budget=2.0, samplers=["SGLD"],
+    ...               gradients=["minibatch"], subsample_sizes=[32],
+    ...               step_sizes=[0.4, 1e-3, 1e-5])
+    >>> result.arm.step_size  # 1e-3 barely moves; 1e-5 not at all
+    0.4
+    >>> mcmc = MCMC(result.kernel, num_warmup=100, num_samples=1000,
+    ...             progress_bar=False)
+    >>> mcmc.run(jax.random.key(1), y)
+    >>> bool(abs(mcmc.get_samples()["mu"].mean() - y.mean()) < 0.05)
+    True
+    """
+    settings = check_settings(
+        budget,
+        metric,
+        scores,
+        eta,
+        num_draws,
+        thinning,
+        chunk_size,
+        vectorize,
+        preconditioner,
+    )
+    entries, grids = sampler_grids(samplers, step_sizes)
+    rng_key = random.key(0) if rng_key is None else rng_key
+    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+    choice = plate_choice(model, model_args, model_kwargs, gradients, subsample_sizes)
+    problem = Problem(model, model_args, model_kwargs, choice.plate)
+    arms = _arms(entries, grids, choice)
+    rounds = _num_rounds(len(arms), settings.eta)
+    started = time.perf_counter()
+    seconds = {"setup": 0.0, "compile": 0.0, "sampling": 0.0, "scoring": 0.0}
+
+    t0 = time.perf_counter()
+    shared = shared_setup(problem, choice.gradients, settings, rng_key)
+    seconds["setup"] = time.perf_counter() - t0
+
+    # Compile every group and time four records of each (uncharged), so a budget
+    # too small for round 0 is refused before any arm runs.
+    t0 = time.perf_counter()
+    key_init, key_score = random.split(rng_key)
+    factories = dict(entries)
+    recording = Recording(shared, settings.thinning, settings.scores == "minibatch")
+    groups, kernels, status, per_record = ready_groups(
+        arms, factories, problem, recording, settings, key_init
+    )
+    seconds["compile"] = time.perf_counter() - t0
+    check_budget(groups, per_record, settings, rounds)
+
+    plan = _Plan(arms, rounds, settings, shared, recording, key_score)
+    records = Records.start(groups, settings.num_draws)
+    table_rows = []
+    for i in range(rounds):
+        out = _round(i, groups, plan, records, per_record)
+        groups = out.groups
+        table_rows += out.rows
+        for phase, spent in out.seconds.items():
+            seconds[phase] += spent
+    table = _table(table_rows, status)
+    best, kernel = _winner(out, kernels, factories, problem, plan)
+    seconds["total"] = time.perf_counter() - started
+    charged, steps = records.charged[best], records.steps[best]
+    return TuneResult(
+        kernel=kernel,
+        arm=best,
+        table=table,
+        metric=metric,
+        budget=settings.budget,
+        rounds=rounds,
+        seconds=seconds,
+        steps_per_second=steps / charged if charged else math.nan,
+    )
+
+
+def _arms(entries, grids, choice):
+    """Every combination of sampler, gradient estimator, subsample size and the
+    sampler's step sizes, in this order (the table's)."""
+    return [
+        Arm(name, g, n, h)
+        for name, _ in entries
+        for g in choice.gradients
+        for n in choice.subsample_sizes
+        for h in grids[name]
+    ]
+
+
+def _winner(last_round, kernels, factories, problem, plan):
+    """``(arm, kernel)``: the best arm of the last round as a kernel ready for
+    MCMC; a RuntimeError where no arm of the last round has a finite score."""
+    best = last_round.ranked[0]
+    if not np.isfinite(last_round.values[best]):
+        raise RuntimeError(
+            "tune: every arm blew up (non-finite draws) or broke its noise bound; "
+            "see the arms' table in the logs. Give smaller step_sizes."
+        )
+    kernel = winner_kernel(
+        factories[best.sampler],
+        best,
+        kernels[best],
+        problem,
+        plan.shared.form,
+        plan.settings.chunk_size,
+    )
+    return best, kernel
+
+
+class _Plan(NamedTuple):
+    """What every round reads: fixed once the groups are built."""
+
+    #: Every arm, in the order of the table (an arm's index keys its scoring).
+    arms: list
+    rounds: int
+    settings: Settings
+    shared: Shared
+    recording: Recording
+    #: The key the discrepancies' random draws (FSSD's locations) fold from.
+    key_score: object
+
+
+class _Round(NamedTuple):
+    """What one round leaves."""
+
+    #: The survivors, one arm per group, for the next round.
+    groups: list
+    #: The round's rows of the table, one per arm that ran in it.
+    rows: list
+    #: The arms that ran, best first, and their discrepancies.
+    ranked: list
+    values: dict
+    #: Seconds spent compiling, sampling and scoring in the round.
+    seconds: dict
+
+
+def _round(i, groups, plan, records, per_record):
+    """Round ``i``: every surviving arm charged its share ``T / (|S_i| R)`` of the
+    budget, continuing its chain, then scored; the best ``1/eta`` go on (the best
+    one in the last round). From round 1 on each survivor runs alone, on its
+    group's one-chain program."""
+    settings = plan.settings
+    alive = [a for g in groups for a in g.arms]
+    # Round i's share: T / (|S_i| R) seconds for each of the S_i arms.
+    r = settings.budget / (len(alive) * plan.rounds)
+    arrays = plan.shared.arrays
+    compiled = compile_programs(groups, arrays, plan.recording)  # new sizes
+    t_round = time.perf_counter()
+    run_groups(groups, r, arrays, per_record, records, settings.thinning)
+    sampling = time.perf_counter() - t_round
+
+    t_score = time.perf_counter()
+    values = {}
+    for a in alive:
+        if a in records.stopped:
+            values[a] = math.inf
+            continue
+        key = random.fold_in(plan.key_score, plan.arms.index(a))
+        values[a] = discrepancy(records.draws[a], key, plan.shared, settings)
+    scoring = time.perf_counter() - t_score
+
+    ranked = sorted(alive, key=lambda a: values[a])
+    last = i == plan.rounds - 1
+    survivors = ranked[:1] if last else ranked[: max(1, len(alive) // settings.eta)]
+    rows = _round_rows(i, alive, survivors, last, values, records, settings)
+    logger.info(
+        "tune: round %d of %d, %d arms of %.3g s; best %s %s = %.4g.",
+        i + 1,
+        plan.rounds,
+        len(alive),
+        r,
+        _arm_label(ranked[0]),
+        settings.metric,
+        values[ranked[0]],
+    )
+    groups = alone(groups, set(survivors), per_record)
+    spent = {"compile": compiled, "sampling": sampling, "scoring": scoring}
+    return _Round(groups, rows, ranked, values, spent)
+
+
+def _round_rows(i, alive, survivors, last, values, records, settings):
+    """The table's rows of round ``i``: each arm's charged seconds, steps, scored
+    draws, discrepancy and status."""
+    rows = []
+    for a in alive:
+        if a in records.stopped:
+            how = "non-finite"
+        elif a in survivors:
+            how = "winner" if last else "kept"
+        else:
+            how = "pruned"
+        rows.append(
+            dict(
+                round=i,
+                **a._asdict(),
+                seconds=records.charged[a],
+                steps=records.steps[a],
+                draws=min(settings.num_draws, len(records.draws[a].index)),
+                discrepancy=values[a],
+                status=how,
+            )
+        )
+    return rows
+
+
+def _table(rows, status):
+    """The :class:`pandas.DataFrame` of the rounds' rows and, as round 0 rows with
+    an infinite discrepancy, the arms that never ran (``status``)."""
+    import pandas as pd
+
+    never_ran = [
+        dict(
+            round=0,
+            **a._asdict(),
+            seconds=0.0,
+            steps=0,
+            draws=0,
+            discrepancy=math.inf,
+            status=how,
+        )
+        for a, how in status.items()
+    ]
+    return pd.DataFrame(rows + never_ran)
