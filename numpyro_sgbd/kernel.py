@@ -165,6 +165,13 @@ class _SGKernel(ModelSide, MCMCKernel):
     #: :func:`~numpyro_sgbd.core.step_allowed`.
     _step_allowed = None
 
+    @classmethod
+    def step_target(cls):
+        """The step size in the whitened coordinates u (unit posterior scale)
+        that ``step_size=None`` starts from and never exceeds, and that
+        :func:`~numpyro_sgbd.tune`'s grid of steps is centred on."""
+        return cls._STEP_TARGET
+
     def _family(self):
         """The update family as the core's value (:class:`core.Family`)."""
         raise NotImplementedError

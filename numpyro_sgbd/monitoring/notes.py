@@ -298,7 +298,7 @@ class Monitor:
         if np.all(np.isnan(step)):
             return
         smallest = float(np.nanmin(step))
-        target = kernel._STEP_TARGET
+        target = kernel.step_target()
         if smallest >= kernel._STEP_WARN_FRACTION * target:
             return
         self.record_warning("step")

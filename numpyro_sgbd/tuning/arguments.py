@@ -139,7 +139,7 @@ def _step_grid(step_sizes, name, factory):
         step_sizes = step_sizes.get(name)
     if step_sizes is None:
         cls = factory.func if isinstance(factory, functools.partial) else factory
-        target = float(cls._STEP_TARGET)
+        target = float(cls.step_target())
         return tuple(float(target * f) for f in (2.0, 1.0, 0.25, 0.0625, 0.015625))
     grid = tuple(np.atleast_1d(np.asarray(step_sizes, dtype=float)).tolist())
     if not grid or not all(np.isfinite(h) and h > 0 for h in grid):
