@@ -231,7 +231,7 @@ def control_variates(plain, setup, request, model, shapes, model_args, model_kwa
     """``(estimator, setup, found)``: the control-variate estimator around the
     given or searched centre, with the full-data potential and gradient there
     computed once in chunks (:func:`~numpyro_sgbd.setup.find_centre`), the set-up
-    with the centre kept per dataset, and whether a new centre was computed (a
+    with the centre kept per dataset, and whether a new centre was kept there (a
     compiled initial state holding the old one must go)."""
     if len(plain.plates) != 1:
         raise ValueError(
@@ -255,7 +255,9 @@ def control_variates(plain, setup, request, model, shapes, model_args, model_kwa
             setup, (centre, potential, grad) = _new_centre(
                 plain, setup, request, model, shapes, model_args, model_kwargs
             )
-            found = True
+            # Kept unless abstract (a kernel set up inside a transform), where a
+            # program compiled for it must not outlive the transform either.
+            found = setup.centre is not cached
     estimator = ControlVariateEstimator(
         plain,
         centre=centre,

@@ -13,8 +13,9 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 import pytest
 
-from numpyro_sgbd import NOGIN, SGBD, SGLD, host, host_data, kernel
+from numpyro_sgbd import NOGIN, SGBD, SGLD, host, host_data
 from numpyro_sgbd.host import HostArray
+from numpyro_sgbd.monitoring import run as monitoring_run
 
 N, D = 2000, 3
 _rng = np.random.default_rng(0)
@@ -83,7 +84,7 @@ def test_host_data_are_not_compiled_in(monkeypatch):
     """Closed over by NumPyro's loop (jit_model_args=False), device arrays draw
     the warning that they become constants; host-kept data are no leaves, so
     nothing of them enters the program and no warning comes."""
-    monkeypatch.setattr(kernel, "CONSTANT_DATA_WARN_BYTES", 100)
+    monkeypatch.setattr(monitoring_run, "CONSTANT_DATA_WARN_BYTES", 100)
     for data, warned in [
         ((jnp.asarray(X), jnp.asarray(Y)), True),
         (host_data(X, Y), False),

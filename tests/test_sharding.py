@@ -22,7 +22,8 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 import pytest
 
-from numpyro_sgbd import SGLD, kernel
+from numpyro_sgbd import SGLD
+from numpyro_sgbd.monitoring import run as monitoring_run
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "sharded_checks.py")
 
@@ -185,7 +186,7 @@ def test_large_closed_over_data_warn_and_jit_model_args_does_not(monkeypatch):
     """Data NumPyro's loop would compile in as constants (jit_model_args=False)
     above the threshold draw a warning naming jit_model_args=True; passed as
     arguments they do not."""
-    monkeypatch.setattr(kernel, "CONSTANT_DATA_WARN_BYTES", 100)
+    monkeypatch.setattr(monitoring_run, "CONSTANT_DATA_WARN_BYTES", 100)
     X = jnp.asarray(np.random.default_rng(0).normal(size=(200, 2)), jnp.float32)
     y = (X[:, 0] > 0).astype(jnp.float32)
     for jit_args in (False, True):
