@@ -16,19 +16,13 @@ from numpyro.util import identity
 from numpyro_sgbd.estimators import CustomEstimator, PotentialEstimator
 from numpyro_sgbd.prepare import (
     CentreRequest,
-    build_estimator,
+    Request,
     check_init_params,
-    control_variates,
-    data_key,
-    evaluation_indices,
-    has_tracer,
     initial_params,
     laplace_start,
-    trace_model,
+    prepare,
 )
-from numpyro_sgbd.setup import Setup, dimension, find_preconditioner
-from numpyro_sgbd.sharding import data_sharding
-from numpyro_sgbd.validation import check_plate_data
+from numpyro_sgbd.setup import Setup
 
 __all__ = ["ModelSide"]
 
@@ -125,8 +119,8 @@ class ModelSide:
         return handlers.substitute(self._model, data=self.log_likelihood_indices)
 
     def _build(self, model_args, model_kwargs):
-        """Trace the model once, validate it, find the set-up the options ask for
-        and build the gradient estimator (:mod:`numpyro_sgbd.prepare`)."""
+        """Prepare the kernel from the model and its data
+        (:func:`~numpyro_sgbd.prepare.prepare`) and keep what it found."""
         self._default_options(None)
         if self._model is None:
             source = self._potential_fn
@@ -136,47 +130,36 @@ class ModelSide:
                 else PotentialEstimator(source)
             )
             return
-        check_plate_data(self._model, model_args, model_kwargs)
-        info = trace_model(self._model, model_args, model_kwargs)
-        noise_form = self._noise_form_for(info.plates, info.shapes)
+        request = Request(
+            preconditioner=self._preconditioner_arg,
+            centre=CentreRequest(
+                self._centre_arg, self._recentre_every, self._chunk_size
+            ),
+            replace=self._replace,
+            log_likelihood_size=self._log_likelihood_size,
+            who=type(self).__name__,
+            adaptation={
+                "step_target": self._STEP_TARGET,
+                "sampling_fraction": self._SAMPLING_FRACTION,
+                "adapt_mass_matrix": self._adapt_mass,
+            },
+        )
+        prepared = prepare(
+            self._model, model_args, model_kwargs, request, self._setup, self._choose
+        )
+        info = prepared.info
         self._plates, self._z_shapes = info.plates, info.shapes
         self._plate_deterministic = info.deterministic
-        traced = has_tracer((model_args, model_kwargs))
-        sharding = (
-            None if traced else data_sharding(self._plates, model_args, model_kwargs)
-        )
-        if self._preconditioner_arg != "none":
-            self._precondition(model_args, model_kwargs, info.shapes, traced)
-        self._estimator = build_estimator(
-            self._model,
-            self._plates,
-            noise_form,
-            replace=self._replace,
-            preconditioner=self.preconditioner,
-            sharding=sharding,
-        )
-        if self._gradient == "control_variates":
-            request = CentreRequest(
-                self._centre_arg, self._recentre_every, self._chunk_size
-            )
-            self._estimator, self._setup, found = control_variates(
-                self._estimator,
-                self._setup,
-                request,
-                self._model,
-                info.shapes,
-                model_args,
-                model_kwargs,
-            )
-            if found:  # the compiled initial state holds the old centre
-                self._programs["init"].clear()
-        self.log_likelihood_indices = evaluation_indices(
-            self._plates, self._log_likelihood_size
-        )
+        self._setup, self._estimator = prepared.setup, prepared.estimator
+        self.log_likelihood_indices = prepared.log_likelihood_indices
+        if prepared.new_centre:  # the compiled initial state holds the old one
+            self._programs["init"].clear()
 
-    def _noise_form_for(self, plates, shapes):
-        """The estimator's noise form for these plates (raises where the noise
-        needs one subsample plate and the model has several)."""
+    def _choose(self, plates, shapes):
+        """``(noise_form, gradient)`` for these plates: the noise the sampler's
+        rule needs from the estimator (raises where it needs one subsample plate
+        and the model has several) and the estimator, once the defaults that
+        depend on the plates are resolved."""
         noise_form = self._resolve_noise_form(self._noise_form(), shapes, plates)
         if self._default_options(plates):
             noise_form = self._noise_form()
@@ -187,45 +170,7 @@ class ModelSide:
                 f"one subsample plate, but the model subsamples {sorted(plates)}. "
                 f"{fix}Subsample a single plate."
             )
-        return noise_form
-
-    def _precondition(self, model_args, model_kwargs, shapes, traced):
-        """Find the full-data mode and build L from the Hessian there
-        (:func:`~numpyro_sgbd.setup.find_preconditioner`), unless the set-up
-        holds them for these data."""
-        key, arrays = data_key(model_args, model_kwargs)
-        if self._setup.data is not None and self._setup.data[0] == key:
-            return
-        if traced:
-            raise ValueError(
-                "step_size=None (or a preconditioner) searches for the mode with "
-                "the data in hand, but the model arguments are traced (the kernel "
-                "runs inside jax.jit or another transform). Give step_size with "
-                "preconditioner='none', or run MCMC outside the transform."
-            )
-        pre, mode, value_grad, report = find_preconditioner(
-            self._model,
-            model_args,
-            model_kwargs,
-            dimension(shapes),
-            self._preconditioner_arg,
-            who=type(self).__name__,
-            chunk_size=self._chunk_size,
-        )
-        info = {k: v for k, v in report.items() if k != "mode_search"}
-        info.update(
-            step_target=self._STEP_TARGET,
-            sampling_fraction=self._SAMPLING_FRACTION,
-            adapt_mass_matrix=self._adapt_mass,
-            mode_search=report["mode_search"],
-        )
-        self._setup = Setup(
-            data=(key, arrays),
-            preconditioner=pre,
-            mode=mode,
-            mode_value_grad=value_grad,
-            adaptation_info=info,
-        )
+        return noise_form, self._gradient
 
     def _start(self, rng_key, batched, init_params, model_args, model_kwargs):
         """``(rng_key, z)``: the chains' keys and initial points: drawn from the

@@ -1,15 +1,14 @@
-"""Preparing a kernel from a model and its data: the one trace of the model, the
-gradient estimator, the control variates' centre and the chain's start, each a
-function of explicit values (issue 44: set-up as a value).
+"""Preparing a kernel from a model and its data, as values (issue 44: set-up as
+a value).
 
-:func:`trace_model` traces the model once and returns a :class:`ModelInfo`;
-:func:`build_estimator` builds the gradient estimator over its plates, with the
-control variates' centre of :func:`control_variates` kept in the
-:class:`~numpyro_sgbd.setup.Setup`; :func:`initial_params` and
-:func:`laplace_start` give the chains' start. The kernels
-(:mod:`numpyro_sgbd.kernel`) call them from ``init`` and keep what they return;
-the compiled programs these run once per set-up are kept in
-:class:`Programs`, one per argument structure.
+:func:`prepare` traces the model once (:func:`trace_model`), finds the set-up
+its options ask for (:func:`find_setup`: the full-data mode and the
+preconditioner there; :func:`control_variates`: the centre) and builds the
+gradient estimator, and returns them as one immutable :class:`Prepared`, which
+the kernels (:mod:`numpyro_sgbd.model_side`) keep and :func:`~numpyro_sgbd.tune`
+shares between its arms through the :class:`~numpyro_sgbd.setup.Setup` in it.
+:func:`initial_params` and :func:`laplace_start` give the chains' start; the
+compiled programs these run once per set-up are kept in :class:`Programs`.
 """
 
 import contextlib
@@ -35,17 +34,23 @@ from numpyro_sgbd.estimators import (
     split_arrays,
 )
 from numpyro_sgbd.handlers import SubsamplePlates, sample_trace, subsample_plates
-from numpyro_sgbd.setup import find_centre
+from numpyro_sgbd.setup import Setup, dimension, find_centre, find_preconditioner
+from numpyro_sgbd.sharding import data_sharding
+from numpyro_sgbd.validation import check_plate_data
 
 __all__ = [
     "ModelInfo",
+    "Prepared",
     "Programs",
+    "Request",
     "build_estimator",
     "control_variates",
     "data_key",
+    "find_setup",
     "has_tracer",
     "initial_params",
     "laplace_start",
+    "prepare",
     "trace_model",
 ]
 
@@ -181,7 +186,7 @@ def trace_model(model, model_args, model_kwargs):
             "(exact gradients: the unadjusted dynamics). For minibatches "
             "write numpyro.plate(name, N, subsample_size=n).",
             UserWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
     plates = {name: (size, n, dims.get(name)) for name, (size, n) in plates.items()}
     return ModelInfo(plates, shapes, deterministic)
@@ -296,6 +301,119 @@ def _new_centre(plain, setup, request, model, shapes, model_args, model_kwargs):
         key, arrays = data_key(model_args, model_kwargs)
         setup = setup._replace(centre=(key, arrays, found))
     return setup, found
+
+
+class Request(NamedTuple):
+    """What a kernel asks :func:`prepare` for.
+
+    :ivar str preconditioner: ``"none"``, ``"auto"`` or a form of
+        :data:`~numpyro_sgbd.preconditioning.FORMS`.
+    :ivar CentreRequest centre: the control variates' centre, as asked.
+    :ivar replace: draw minibatch indices with replacement (``None``: the
+        estimator's default).
+    :ivar log_likelihood_size: the evaluation rows per plate, or ``None``.
+    :ivar str who: the sampler's name, for messages.
+    :ivar dict adaptation: the kernel's step target, sampling fraction and
+        whether it re-estimates scales, for the set-up's report.
+    """
+
+    preconditioner: str
+    centre: CentreRequest
+    replace: Any
+    log_likelihood_size: Any
+    who: str
+    adaptation: dict
+
+
+class Prepared(NamedTuple):
+    """A kernel prepared from a model and its data (:func:`prepare`).
+
+    :ivar ModelInfo info: the model's subsample plates, latent shapes and
+        deterministic sites inside a plate.
+    :ivar Setup setup: the full-data mode, the preconditioner and the centre.
+    :ivar estimator: the gradient estimator (:mod:`numpyro_sgbd.estimators`).
+    :ivar dict log_likelihood_indices: the fixed evaluation rows per plate.
+    :ivar bool new_centre: whether a new centre was kept in the set-up (a
+        compiled initial state holding the old one must go).
+    """
+
+    info: ModelInfo
+    setup: Setup
+    estimator: Any
+    log_likelihood_indices: dict
+    new_centre: bool
+
+
+def prepare(model, model_args, model_kwargs, request, setup, choose):
+    """Prepare a kernel from ``model`` and its data: validate the data against
+    the plates, trace the model once, let the kernel ``choose(plates, shapes) ->
+    (noise_form, gradient)`` the noise its rule needs and the estimator, find
+    what ``setup`` lacks for these data, and build the estimator. A
+    :class:`Prepared`."""
+    check_plate_data(model, model_args, model_kwargs)
+    info = trace_model(model, model_args, model_kwargs)
+    noise_form, gradient = choose(info.plates, info.shapes)
+    traced = has_tracer((model_args, model_kwargs))
+    sharding = None if traced else data_sharding(info.plates, model_args, model_kwargs)
+    if request.preconditioner != "none":
+        setup = find_setup(
+            setup, model, model_args, model_kwargs, info.shapes, request, traced
+        )
+    estimator = build_estimator(
+        model,
+        info.plates,
+        noise_form,
+        replace=request.replace,
+        preconditioner=setup.preconditioner,
+        sharding=sharding,
+    )
+    new_centre = False
+    if gradient == "control_variates":
+        estimator, setup, new_centre = control_variates(
+            estimator,
+            setup,
+            request.centre,
+            model,
+            info.shapes,
+            model_args,
+            model_kwargs,
+        )
+    indices = evaluation_indices(info.plates, request.log_likelihood_size)
+    return Prepared(info, setup, estimator, indices, new_centre)
+
+
+def find_setup(setup, model, model_args, model_kwargs, shapes, request, traced):
+    """``setup`` with the full-data mode and the preconditioner built from the
+    Hessian there (:func:`~numpyro_sgbd.setup.find_preconditioner`), unless it
+    holds them for these data already."""
+    key, arrays = data_key(model_args, model_kwargs)
+    if setup.data is not None and setup.data[0] == key:
+        return setup
+    if traced:
+        raise ValueError(
+            "step_size=None (or a preconditioner) searches for the mode with "
+            "the data in hand, but the model arguments are traced (the kernel "
+            "runs inside jax.jit or another transform). Give step_size with "
+            "preconditioner='none', or run MCMC outside the transform."
+        )
+    pre, mode, value_grad, report = find_preconditioner(
+        model,
+        model_args,
+        model_kwargs,
+        dimension(shapes),
+        request.preconditioner,
+        who=request.who,
+        chunk_size=request.centre.chunk_size,
+    )
+    info = {k: v for k, v in report.items() if k != "mode_search"}
+    info.update(request.adaptation, mode_search=report["mode_search"])
+    return Setup(
+        data=(key, arrays),
+        preconditioner=pre,
+        mode=mode,
+        mode_value_grad=value_grad,
+        adaptation_info=info,
+    )
 
 
 def check_init_params(init_params, shapes):
