@@ -72,85 +72,46 @@ class SGBD(_FamilyKernel):
         Laplace approximation :math:`N(\hat z, LL^\top)`. What was chosen and what
         it cost: :attr:`adaptation_info`.
     :param bool adapt_mass_matrix: re-estimate the per-coordinate sds s of u from
-        each chain's warmup draws, in windows as NUTS adapts its diagonal mass
-        matrix (:func:`~numpyro_sgbd.preconditioning.scale_windows`: a buffer of
-        15 % of warmup, three doubling windows ending at 60 %; each estimate shrunk
-        towards the Laplace scale 1), and run the rule in v = u / s. It corrects
-        L where the posterior is far from its Laplace approximation (a scale
-        mixture, heavy tails, a skewed scale parameter), which otherwise mixes
-        slowly along the coordinates L makes too narrow (a spike-and-slab
-        posterior 3.7 times wider than L: bulk ESS 1,800 against 50, the sd within
-        4 %). Default ``None``: on with ``step_size=None`` (from ``num_warmup >=
-        200``), off with a given step size. Needs a preconditioner. Each chain's
-        s: ``last_state.scale.scale``.
+        each chain's warmup draws in windows, as NUTS adapts its diagonal mass
+        matrix, and run the rule in v = u / s (where the posterior is far from
+        its Laplace approximation). Default ``None``: on with ``step_size=None``,
+        off with a given step size. Needs a preconditioner.
     :param str increment: ``"bimodal"`` (default; :math:`w \sim N(\sigma,
         (0.1\sigma)^2)`, by symmetry the paper's bimodal law) or ``"gaussian"``
         (:math:`w \sim N(0, \sigma^2)`).
-    :param float beta: moving-average rate of :math:`\hat\tau` (corrected). Default
-        0.1: it averages about ten minibatches, cutting the sampling error of a
-        single batch's estimate about four-fold, while still following the change
-        of :math:`\tau` along the chain within ten steps.
+    :param float beta: moving-average rate of :math:`\hat\tau` (corrected),
+        default 0.1 (about ten minibatches).
     :param init_noise_sd: initial :math:`\hat\tau` (scalar or dict of sites); default:
         the estimate from the first minibatch.
     :param replace: draw minibatch indices with replacement (``True``) or without
-        (``False``, as NumPyro's plate: expected cost one sort of n integers per
-        step; the noise variance factor is then :math:`n(1-n/N)` per unit of
-        per-term variance instead of :math:`n`). Default ``None``: with replacement
-        when :math:`n \le N/100`, where the two differ by at most 1 % in noise
-        variance and the sort would cost more than a small model's minibatch
-        gradient; without replacement otherwise
+        (``False``, as NumPyro's plate). Default ``None``: with replacement when
+        :math:`n \le N/100`, without otherwise
         (:func:`~numpyro_sgbd.estimators.resolve_replace`).
     :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
-    :param int log_likelihood_size: how many data points the ``model`` property (and so
-        ArviZ's ``log_likelihood`` and ``observed_data`` groups) evaluates; default the
-        subsample size.
+    :param int log_likelihood_size: how many data points the ``model`` property (and
+        so ArviZ's ``log_likelihood`` and ``observed_data`` groups) evaluates;
+        default the subsample size.
     :param str gradient: ``"minibatch"``, or ``"control_variates"``: the
         minibatch gradient around a centre :math:`\hat z`,
         :math:`\nabla U(\hat z) + \nabla\hat U_S(z) - \nabla\hat U_S(\hat z)`
-        (:class:`~numpyro_sgbd.estimators.ControlVariateEstimator`), unbiased, with a
-        noise that vanishes as the chain nears :math:`\hat z`; the noise statistics
-        of the corrected variants then come from the per-datum differences, so
-        corrected SGBD stays within its tolerance on large N. A step costs about two
-        minibatch gradients; the full-data potential and gradient at the centre are
-        computed once, in chunks. Needs a model with one subsample plate.
-        Default ``None``: ``"control_variates"`` (centred at the mode the
-        adaptation finds) with ``step_size=None`` and one subsample plate,
-        ``"minibatch"`` otherwise.
-    :param dict centre: the control variates' centre, constrained values by site
-        (as ``mcmc.get_samples()`` or :func:`~numpyro_sgbd.posterior_mode` give).
-        Default: the full-data mode, found as :func:`~numpyro_sgbd.posterior_mode`
-        finds it (Newton-CG on the chunked full-data potential from
-        ``init_to_median``, a few full-data gradients per iteration and d
-        Hessian-vector products at the end; a one-line report is logged to the
-        ``numpyro_sgbd`` logger; it warns if the search stops within a posterior
-        sd of a mode without converging and raises if it ends farther); the
-        result is in :attr:`centre_info`.
+        (:class:`~numpyro_sgbd.estimators.ControlVariateEstimator`; about two
+        minibatch gradients a step). Needs a model with one subsample plate.
+        Default ``None``: ``"control_variates"`` with ``step_size=None`` and one
+        subsample plate, ``"minibatch"`` otherwise.
+    :param dict centre: the control variates' centre, constrained values by site.
+        Default: the full-data mode, as :func:`~numpyro_sgbd.posterior_mode` finds
+        it; the result is in :attr:`centre_info`.
     :param int chunk_size: data rows per chunk of the full-data computations at the
         centre (default 4096): memory O(chunk_size x d), whatever N.
     :param int num_steps: SG steps per sample (default 1), as HMC's ``num_steps``
-        is leapfrog steps per sample: each call of ``sample`` (one tick of NumPyro's
-        progress bar, one row of ``extra_fields``) runs ``num_steps`` steps in one
-        compiled loop and returns the last. ``num_warmup`` and ``num_samples`` count
-        samples, so a run takes ``num_steps * (num_warmup + num_samples)`` steps, and
-        ``MCMC``'s ``thinning=t`` keeps every ``t * num_steps``-th step. The draws
-        in between are never stored or dispatched: with ``progress_bar=True``
-        NumPyro's Python work per sample is paid once per
-        ``num_steps`` steps. The chain is the one ``num_steps=1`` runs with
-        ``num_steps`` times the warmup, of which every ``num_steps``-th draw is
-        kept.
-    :param int recentre_every: with control variates, move the centre during
-        warmup: every ``recentre_every`` warmup steps it becomes the mean of the
-        chain's unconstrained positions over those steps, with the full-data
-        potential and gradient there (in chunks; a non-finite result keeps the old
-        centre). Without ``centre`` no mode search runs and each chain starts
-        centred at its initial position. After warmup the centre stays where it is
-        (the draws come from one time-homogeneous chain); it is in
-        ``mcmc.last_state.centre`` (a :class:`~numpyro_sgbd.Centre`). Each
-        re-centring costs one pass over the data, about N/n minibatch gradients:
-        ``recentre_every`` of N/n or more adds at most about one minibatch
-        gradient per warmup step. It helps where the posterior mean is far from the
-        mode in posterior sds, or where no good centre is at hand (see the user
-        guide). Default ``None``: a fixed centre.
+        is leapfrog steps per sample, run in one compiled loop; ``num_warmup`` and
+        ``num_samples`` count samples.
+    :param int recentre_every: with control variates, move the centre every
+        ``recentre_every`` warmup steps to the mean of the chain's positions over
+        them (one pass over the data each). Default ``None``: a fixed centre.
+
+    The user guide (``docs/usage.rst``) says when each option matters and what it
+    costs.
 
     **References**
 
