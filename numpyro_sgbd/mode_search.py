@@ -31,6 +31,8 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_sgbd.hessian import hessian_diagonal, symmetric
+
 __all__ = ["find_mode", "hessian_diagonal"]
 
 _log = logging.getLogger("numpyro_sgbd")
@@ -56,50 +58,6 @@ _NEWTON_DAMPING = 1e-2
 _EXACT_BELOW = 64
 
 
-# ----------------------------------------------------------- the Hessian's rows
-def _hessian_rows(hvp, x, *, block=64):
-    """Yields ``(start, rows)``: rows ``start..start+b`` of the Hessian at ``x``, b
-    Hessian-vector products at a time (the last block padded with zero rows, so
-    one compilation serves every block)."""
-    d = x.shape[0]
-    block = max(1, min(block, d))
-    for start in range(0, d, block):
-        stop = min(start + block, d)
-        basis = np.zeros((block, d), np.dtype(x.dtype))
-        basis[np.arange(stop - start), np.arange(start, stop)] = 1.0
-        rows = np.asarray(hvp(x, jnp.asarray(basis)), np.float64)
-        yield start, rows[: stop - start]
-
-
-def hessian_diagonal(hvp, x, *, block=64):
-    """The Hessian's diagonal at ``x`` from ``d`` Hessian-vector products, ``block``
-    at a time: memory O(block x d), never d x d.
-
-    :param hvp: ``(x, V) -> rows H v`` as :attr:`Objective.hvp`.
-    :param x: the flat point.
-    :return: a float64 NumPy array of length d.
-
-    >>> import jax, jax.numpy as jnp
-    >>> grad = jax.grad(lambda x: 0.5 * jnp.sum(jnp.arange(3.0) * x**2))
-    >>> def hvp(x, vectors):  # H = diag(0, 1, 2)
-    ...     return jax.vmap(lambda v: jax.jvp(grad, (x,), (v,))[1])(vectors)
-    >>> hessian_diagonal(hvp, jnp.ones(3), block=2).tolist()
-    [0.0, 1.0, 2.0]
-    """
-    diag = np.empty(x.shape[0])
-    for start, rows in _hessian_rows(hvp, x, block=block):
-        diag[start : start + rows.shape[0]] = rows[
-            np.arange(rows.shape[0]), start + np.arange(rows.shape[0])
-        ]
-    return diag
-
-
-def _symmetric(rows):
-    """The symmetric part of a square matrix of Hessian rows."""
-    return 0.5 * (rows + rows.T)
-
-
-# ------------------------------------------------ scaling and the CG solve
 def _curvature_estimate(hvp, x, *, probes=16, seed=0):
     """A positive diagonal preconditioner: Hutchinson's estimate E[v * Hv] of the
     Hessian's diagonal with ``probes`` Rademacher vectors (its error only slows the
@@ -186,7 +144,7 @@ class _Passes:
         self.counts["hvp"] += self.d
         if len(self.memo) > 1:
             del self.memo[next(iter(self.memo))]
-        self.memo[x.tobytes()] = _symmetric(np.asarray(rows, np.float64))
+        self.memo[x.tobytes()] = symmetric(np.asarray(rows, np.float64))
         return float(value), np.asarray(grad, np.float64)
 
     def hessian_at(self, x):
@@ -198,7 +156,7 @@ class _Passes:
             rows = self.objective.value_grad_hvp(
                 jnp.asarray(x, self.dtype), self.basis
             )[2]
-            self.memo[key] = _symmetric(np.asarray(rows, np.float64))
+            self.memo[key] = symmetric(np.asarray(rows, np.float64))
         return self.memo[key]
 
     def curvature_at(self, x):
@@ -292,10 +250,27 @@ def _start(passes, what):
     x = np.asarray(objective.x0, np.float64)
     value, grad = passes.evaluate(x)
     if not (np.isfinite(value) and np.all(np.isfinite(grad))):
-        raise ValueError(
-            f"{what}: the potential or its gradient is not finite at the "
-            f"init_to_median start (U = {value}): check the model's priors and data."
+        # As NumPyro's initialisation retries: the origin of the unconstrained
+        # space keeps a GLM's linear predictor at 0 where the prior's median
+        # draws on raw covariates make a rate underflow (a NaN gradient).
+        origin = np.zeros_like(x)
+        at_origin = passes.evaluate(origin)
+        if not (np.isfinite(at_origin[0]) and np.all(np.isfinite(at_origin[1]))):
+            bad = int(np.sum(~np.isfinite(grad)))
+            raise ValueError(
+                f"{what}: the potential or its gradient is not finite at the "
+                f"init_to_median start (U = {value}, {bad} of {x.size} gradient "
+                "coordinates not finite) nor at the origin of the unconstrained "
+                "space: check the model's priors and data (a rate or probability "
+                "that underflows for large covariates gives a NaN gradient: "
+                "standardise the covariates)."
+            )
+        _log.info(
+            "%s: the gradient is not finite at init_to_median's point; the "
+            "search starts at the origin of the unconstrained space.",
+            what,
         )
+        x, (value, grad) = origin, at_origin
     rows = f", N = {objective.num_data}" if objective.num_data else ""
     message = "%s: damped Newton-CG on the full-data potential, d = %d%s"
     _log.info(message, what, passes.d, rows)

@@ -40,12 +40,11 @@ from numpyro_sgbd.handlers import (
     sample_trace,
     subsample_plates,
 )
+from numpyro_sgbd.hessian import hessian_rows, symmetric
 from numpyro_sgbd.mode_search import (
     CLOSE,  # noqa: F401 (public here as before the search moved)
     MAX_SECONDS,
     TOLERANCE,  # noqa: F401
-    _hessian_rows,
-    _symmetric,
     find_mode,
     hessian_diagonal,
 )
@@ -185,9 +184,9 @@ def hessian(hvp, x, *, block=64):
     ``block`` at a time. For the Laplace map of a reference, not for the search."""
     d = x.shape[0]
     out = np.empty((d, d))
-    for start, rows in _hessian_rows(hvp, x, block=block):
+    for start, rows in hessian_rows(hvp, x, block=block):
         out[start : start + rows.shape[0]] = rows
-    return _symmetric(out)
+    return symmetric(out)
 
 
 def mode_hessian(objective, x, info):

@@ -380,3 +380,34 @@ def test_the_search_stops_at_its_time_budget_with_the_numbers():
     assert info["stop"] == "time budget" and info["iterations"] == 0
     with pytest.raises(ValueError, match=r"stopped \(time budget\) .*max_seconds"):
         posterior_mode(_ridge_model, X, y, max_seconds=0.0)
+
+
+def test_a_start_whose_rate_underflows_moves_to_the_origin(caplog):
+    """A Poisson GLM on raw covariates whose prior puts init_to_median's point
+    where exp(x @ beta) underflows: NaN gradients at y = 0 (xlogy's derivative at
+    a zero rate). The search starts at the origin instead, as NumPyro's own
+    initialisation retries, and finds the mode a float64 optimiser finds; it
+    raised before."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(1.0, 3.0, 1000).astype(np.float32)
+    y = rng.poisson(np.exp(0.5 * x)).astype(np.float32)
+    y[:100] = 0.0  # rows whose gradient is NaN where the rate underflows
+
+    def model(x, y):
+        beta = numpyro.sample("beta", dist.Normal(-60.0, 10.0))
+        with numpyro.plate("N", x.shape[0], subsample_size=100) as idx:
+            numpyro.sample("y", dist.Poisson(jnp.exp(x[idx] * beta)), obs=y[idx])
+
+    args = (jnp.asarray(x), jnp.asarray(y))
+    objective = full_data_objective(model, args, {})
+    assert not np.all(np.isfinite(objective.value_and_grad(objective.x0)[1]))
+    with caplog.at_level(logging.INFO, logger="numpyro_sgbd"):
+        mode = posterior_mode(model, *args)
+    assert "starts at the origin" in caplog.text
+
+    def potential(b):
+        rate = np.exp(x * b[0])
+        return np.sum(rate - y * x * b[0]) + 0.5 * ((b[0] + 60.0) / 10.0) ** 2
+
+    expected = optimize.minimize(potential, [0.0], method="BFGS").x[0]
+    assert abs(float(mode.params["beta"]) - expected) < 1e-3
