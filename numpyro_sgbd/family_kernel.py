@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sgbd import core
-from numpyro_sgbd.kernel import _SGKernel, has_tracer
+from numpyro_sgbd.kernel import _SGKernel
 from numpyro_sgbd.options import _per_site, check_noise_options
+from numpyro_sgbd.prepare import has_tracer
 from numpyro_sgbd.state import _FAMILY_HEAD, _FAMILY_TAIL
 
 __all__ = ["_FamilyKernel"]

@@ -12,6 +12,7 @@ family of :mod:`numpyro_sgbd.updates` on it with no branch on the sampler. The
 samplers themselves are in :mod:`numpyro_sgbd.samplers`.
 """
 
+from abc import abstractmethod
 import logging
 
 import jax
@@ -44,8 +45,6 @@ __all__ = ["Centre", "SGState", "family_state", "wall_time"]
 
 logger = logging.getLogger("numpyro_sgbd")
 
-# Kept under their old names for the samplers' modules.
-_has_tracer = has_tracer
 _PROGRAMS = ("init", "init_params", "postprocess", "start")
 
 
@@ -172,9 +171,9 @@ class _SGKernel(ModelSide, MCMCKernel):
         :func:`~numpyro_sgbd.tune`'s grid of steps is centred on."""
         return cls._STEP_TARGET
 
+    @abstractmethod
     def _family(self):
-        """The update family as the core's value (:class:`core.Family`)."""
-        raise NotImplementedError
+        """Each sampler's update family as the core's value (:class:`core.Family`)."""
 
     def _noise_step_bound(self, largest):
         """The largest step the noise allows at the largest noise sd ``largest``

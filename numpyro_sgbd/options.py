@@ -293,7 +293,7 @@ def _signature(cls, init):
     parent = inspect.signature(super(cls, cls).__init__).parameters.values()
     own = []
     for p in signature.parameters.values():
-        if p.kind is p.VAR_POSITIONAL:  # *sources: the parent's model, ...
+        if p.kind is p.VAR_POSITIONAL:  # *sources: model, potential_fn, gradient_fn
             own += [
                 q
                 for q in parent

@@ -9,7 +9,8 @@ import numpy as np
 
 from numpyro_sgbd import core
 from numpyro_sgbd.family_kernel import _FamilyKernel
-from numpyro_sgbd.kernel import _has_tracer, family_state
+from numpyro_sgbd.kernel import family_state
+from numpyro_sgbd.prepare import has_tracer
 from numpyro_sgbd.updates.position import (
     PositionInfo,
     PositionState,
@@ -180,7 +181,7 @@ class Recipe(_FamilyKernel):
         x = ravel_pytree(one_z)[0]
         if self._momentum:
             x = jnp.concatenate([x, jnp.zeros_like(x)])
-        if not _has_tracer(x):  # under pmap the start is abstract: checked there
+        if not has_tracer(x):  # under pmap the start is abstract: checked there
             check_recipe(self._step_kwargs["diffusion"], self._step_kwargs["curl"], x)
 
 
