@@ -81,6 +81,21 @@ def test_chains_stuck_in_different_modes_warn_with_rhat():
     assert "at mu" in text and "the chains disagree" in text
 
 
+def test_one_chains_split_rhat_is_recorded_not_checked():
+    """One chain: its split R-hat (halves compared) is kept in the record but
+    does not fail the check, as the issue asks R-hat only of several chains; a
+    shift between halves that one chain shows as R-hat 1.02 fails it when the
+    halves are two chains."""
+    rng = np.random.default_rng(1)
+    draws = rng.normal(size=(1024, 3))
+    draws[512:, 0] += 0.3  # split R-hat 1.02 on coordinate 0, ESS about 570
+    one = monitoring.trace.report(draws[None], np.arange(3))
+    assert one["max_rhat"] > monitoring.MAX_RHAT and not one["rhat_checked"]
+    assert one["min_ess_bulk"] > monitoring.MIN_ESS and one["converged"]
+    two = monitoring.trace.report(draws.reshape(2, 512, 3), np.arange(3))
+    assert two["rhat_checked"] and not two["converged"]
+
+
 @pytest.mark.slow
 def test_converged_runs_do_not_warn():
     """False alarms: 50 seeds of a converged two-chain run (a step near the

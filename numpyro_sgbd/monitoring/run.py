@@ -121,7 +121,8 @@ def _on_run_end(kernel, rows):
             f"{found['min_ess_tail']:.0f} (smallest, at "
             f"{flat_name(shapes, found['worst_ess'])})"
         )
-    if found["max_rhat"] > MAX_RHAT:
+    rhat = found["max_rhat"] if found["rhat_checked"] else 1.0
+    if rhat > MAX_RHAT:
         parts.append(
             f"an R-hat of {found['max_rhat']:.3g} at "
             f"{flat_name(shapes, found['worst_rhat'])}"
@@ -129,7 +130,7 @@ def _on_run_end(kernel, rows):
     remedies = advice.convergence_remedies(
         kernel._run_facts(),
         ess=ess,
-        rhat=found["max_rhat"],
+        rhat=rhat,
         num_samples=monitor.trace_plan.num_samples,
         warned=monitor.run_warnings,
     )

@@ -47,7 +47,12 @@ TRACE_ROWS = 1024
 TRACE_COORDS = 256
 #: The check warns below this bulk or tail ESS (Vehtari et al. 2021, Section 4.3).
 MIN_ESS = 100
-#: ... or above this rank-normalised split R-hat (ibid.).
+#: ... or, with several chains, above this rank-normalised split R-hat (ibid.).
+#: One chain's split R-hat (its halves compared) is recorded but not checked:
+#: at the few hundred effective draws of a converged default run it exceeds 1.01
+#: in some coordinate by its own noise about one run in twelve (4 of 50 seeds of
+#: SGBD on 10^6 rows, d = 10, ESS about 700), and a chain that trends is what the
+#: drift check, with its noise-aware threshold, already reports.
 MAX_RHAT = 1.01
 
 
@@ -169,9 +174,9 @@ class ConvergenceCheck:
 
 def report(draws, coords):
     """The check's numbers for ``draws`` ``(chains, rows, coords)``: a dict with
-    the per-coordinate ``ess_bulk``, ``ess_tail`` and ``rhat`` (NaN for one
-    chain's R-hat is not used: split halves serve), their worst values and flat
-    coordinates, and what was checked."""
+    the per-coordinate ``ess_bulk``, ``ess_tail`` and ``rhat`` (for one chain the
+    split R-hat of its halves, recorded but not checked: ``rhat_checked``), their
+    worst values and flat coordinates, and what was checked."""
     from numpyro_sgbd import convergence
 
     stats = convergence.summary(draws)
@@ -194,9 +199,10 @@ def report(draws, coords):
     out["worst_rhat"] = (
         int(coords[int(np.nanargmax(stats.rhat))]) if rhat_ok.any() else None
     )
+    out["rhat_checked"] = draws.shape[0] > 1
     out["converged"] = bool(
         not (out["min_ess_bulk"] < MIN_ESS)
         and not (out["min_ess_tail"] < MIN_ESS)
-        and not (out["max_rhat"] > MAX_RHAT)
+        and not (out["rhat_checked"] and out["max_rhat"] > MAX_RHAT)
     )
     return out
