@@ -30,6 +30,11 @@ covariates:
 (g) the progress bar: per-step time of every sampler with ``progress_bar=True``
     and ``num_steps`` (SG steps per sample) 100, / with the bar off and one step
     per sample; N = 10^6, d = 10, n = 1000.
+(i) the default path part by part: per-step time of SGBD and SGLD with control
+    variates, the corrected variant, the preconditioner found at the mode, each
+    added in turn, and of ``step_size=None`` (all three, the step adapted),
+    / vanilla with a given step; N = 10^6, n = 1000, d = 10 and 100, bar off,
+    the cases' runs alternating.
 (h) high dimension: the matrix-factorisation example on MovieLens (d = 194,820,
     n = 800): ms per step of vanilla and corrected SGBD and NOGIN with a diagonal
     noise covariance, the working memory XLA allocates for a compiled loop of
@@ -814,6 +819,55 @@ def high_dim(table, args):
         )
 
 
+def _default_path_cases(cls, centre):
+    """(label, make_kernel) of :func:`default_path`: vanilla, then each part of
+    the default path added in turn, then the default itself."""
+    given = dict(step_size=1e-3)
+    cv = dict(gradient="control_variates", centre=centre)
+    parts = [
+        ("vanilla", dict(given, variant="vanilla")),
+        ("+ control variates", dict(given, variant="vanilla", **cv)),
+        ("corrected alone", dict(given, variant="corrected")),
+        ("+ corrected", dict(given, variant="corrected", **cv)),
+        ("+ preconditioner", dict(given, variant="corrected", preconditioner="auto", **cv)),
+        ("default (step_size=None)", {}),
+    ]
+    return [
+        (label, lambda model_n, kw=kw: cls(model_n, **kw)) for label, kw in parts
+    ]
+
+
+def default_path(table, args):
+    """Section (i)."""
+    import warnings
+
+    for d in (10, 100):
+        X, y = make_data(args.num_data, d)
+        centre = {"w": jnp.zeros(d)}
+        n = 1000
+        steps = _steps_for(args, 3e-4 if d == 10 else 2e-3)
+        for cls in (SGBD, SGLD):
+            cases = _default_path_cases(cls, centre)
+            with warnings.catch_warnings():
+                # num_warmup=0 with step_size=None: nothing adapted (the step's
+                # cost is the same); 1e-3 in u is a tiny step (its cost too).
+                warnings.simplefilter("ignore")
+                times = paired_kernel_seconds(
+                    [(make, steps, False) for _, make in cases],
+                    X,
+                    y,
+                    n,
+                    args.repeats,
+                )
+            table.section(
+                f"(i) {cls.__name__}, N = {args.num_data:.0e}, d = {d}, n = {n}, "
+                "bar off: the default path's parts / vanilla",
+                ["kernel", "us/step", "/ vanilla"],
+            )
+            for (label, _), t in zip(cases, times):
+                table.row(label, 1e6 * t, t / times[0])
+
+
 def main(args):
     # Importing numpyro_sgbd leaves JAX's CPU lowering of the threefry hash as
     # JAX has it (up to JAX 0.10 a rolled loop). This benchmark's recorded
@@ -855,6 +909,7 @@ def main(args):
             "f": memory,
             "g": progress_bar,
             "h": high_dim,
+            "i": default_path,
         }[part](table, args)
     elapsed = time.perf_counter() - started
     print(f"\n{elapsed / 60:.1f} minutes")
@@ -872,7 +927,7 @@ def main(args):
 
 
 #: What ``python benchmarks/run.py`` runs by default ("e'" is within "e").
-_ALL_PARTS = ("abc", "d", "e", "f", "g", "h")
+_ALL_PARTS = ("abc", "d", "e", "f", "g", "h", "i")
 
 
 def parse_args(argv=None):
