@@ -14,6 +14,7 @@ from numpyro.infer.util import ParamInfo, constrain_fn
 from numpyro.util import identity
 
 from numpyro_sgbd.estimators import CustomEstimator, PotentialEstimator
+from numpyro_sgbd.monitoring.trace import driving_mcmc
 from numpyro_sgbd.prepare import (
     CentreRequest,
     Request,
@@ -150,6 +151,8 @@ class ModelSide:
         info = prepared.info
         self._plates, self._z_shapes = info.plates, info.shapes
         self._plate_deterministic = info.deterministic
+        if prepared.setup is not self._setup:
+            _forget_compiled_loop(self)
         self._setup, self._estimator = prepared.setup, prepared.estimator
         self.log_likelihood_indices = prepared.log_likelihood_indices
         if prepared.new_centre:  # the compiled initial state holds the old one
@@ -275,3 +278,21 @@ class ModelSide:
         programs = self._programs["postprocess"]
         fn, arrays = programs.over_data(make, model_args, model_kwargs)
         return lambda z: fn(z, arrays)
+
+
+def _forget_compiled_loop(kernel):
+    """Make the ``MCMC`` running ``kernel`` trace its sampling loop again.
+
+    With ``jit_model_args=True`` NumPyro keeps one compiled loop per ``MCMC``
+    object and reuses it for every later ``run``, whatever the data: the data
+    are its arguments. The kernel's step closes over its set-up (the control
+    variates' centre with the full-data gradient there, the preconditioner),
+    found from the data, so a loop traced with an earlier data set's set-up
+    would sample around the old centre (a second ``run`` on new data of the
+    same shapes returned the first data's posterior). NumPyro's cache of the
+    loop is ``MCMC._cache``; emptying it when the set-up changes makes the next
+    loop trace with the new one."""
+    mcmc = driving_mcmc(kernel)
+    cache = getattr(mcmc, "_cache", None)
+    if isinstance(cache, dict):
+        cache.clear()
