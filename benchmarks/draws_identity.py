@@ -241,7 +241,7 @@ def compare(path_a, path_b, atol=0.0):
             bad.append(name)
             print(f"{name}: different fields {sorted(ka ^ kb)}")
             continue
-        worst, where = 0.0, ""
+        worst, where, draws = 0.0, "", 0.0
         for k in sorted(ka):
             x, y = a[k], b[k]
             if x.dtype.kind in "US" or x.shape != y.shape:
@@ -256,7 +256,11 @@ def compare(path_a, path_b, atol=0.0):
                 diff = float(np.nan_to_num(d, nan=np.inf).max()) if d.size else 0.0
             if diff > worst:
                 worst, where = diff, k
+            if k.split("|")[1] == "samples":
+                draws = max(draws, diff)
         status = "identical" if worst == 0 else f"max |diff| {worst:.3g} at {where}"
+        if worst:
+            status += f"; draws {'identical' if draws == 0 else f'{draws:.3g}'}"
         if worst > atol:
             bad.append(name)
         print(f"{name}: {status}")

@@ -829,12 +829,13 @@ def _default_path_cases(cls, centre):
         ("+ control variates", dict(given, variant="vanilla", **cv)),
         ("corrected alone", dict(given, variant="corrected")),
         ("+ corrected", dict(given, variant="corrected", **cv)),
-        ("+ preconditioner", dict(given, variant="corrected", preconditioner="auto", **cv)),
+        (
+            "+ preconditioner",
+            dict(given, variant="corrected", preconditioner="auto", **cv),
+        ),
         ("default (step_size=None)", {}),
     ]
-    return [
-        (label, lambda model_n, kw=kw: cls(model_n, **kw)) for label, kw in parts
-    ]
+    return [(label, lambda model_n, kw=kw: cls(model_n, **kw)) for label, kw in parts]
 
 
 def default_path(table, args):

@@ -126,6 +126,33 @@ class Preconditioner(NamedTuple):
         return self.loc + self.move(u)
 
 
+#: The fewest rows :func:`noise_rows` lets the noise sd in u come from.
+NOISE_ROWS_MIN = 128
+
+
+def noise_rows(pre, n, d):
+    """How many of a minibatch's ``n`` per-datum gradients the noise sd in the
+    whitened coordinates is estimated from, or ``None`` for all of them.
+
+    A dense L mixes every coordinate: pulling the n rows back costs n d^2
+    multiply-adds, d times the minibatch gradient's n d (at d = 100, n = 1,000
+    several times the rest of the step, ``benchmarks/run.py --parts i``). The
+    corrected variants need only the noise variance per coordinate, which m of
+    the n rows estimate without bias where the minibatch's first m rows are a
+    random sample of the data (indices drawn with replacement, the kernels'
+    default for n <= N/100, or as a random permutation; the estimator keeps
+    every row of a sorted draw), and the kernels average it over steps
+    (beta = 0.1: about ten minibatches). So with a dense L the
+    noise comes from ``m = max(NOISE_ROWS_MIN, 16 n / d)`` rows, whose pull
+    costs m d^2 = 16 n d multiply-adds, a dense product XLA runs near the
+    machine's peak; the gradient itself uses every row. Where m reaches n
+    (d <= 16 at any n), every row is used, as before."""
+    if pre is None or pre.form != "dense":
+        return None
+    m = max(NOISE_ROWS_MIN, (16 * n) // max(d, 1))
+    return None if m >= n else int(m)
+
+
 def choose_preconditioner(d):
     """The form ``preconditioner="auto"`` takes for d parameters, and why."""
     if d <= DENSE_MAX_DIM:

@@ -211,6 +211,14 @@ def evaluation_indices(plates, log_likelihood_size):
 def build_estimator(model, plates, noise_form, *, replace, preconditioner, sharding):
     """The minibatch estimator over ``plates``, with the noise the sampler needs
     (``noise_form``: ``None``, ``"sd"`` or a covariance form)."""
+    rows = None
+    if len(plates) == 1 and preconditioner is not None:
+        ((_, n, _),) = plates.values()
+        if sharding is not None:
+            n = sharding.local_subsample_size
+        rows = preconditioning.noise_rows(
+            preconditioner, n, preconditioner.loc.shape[0]
+        )
     return MinibatchEstimator(
         model,
         plates,
@@ -219,6 +227,7 @@ def build_estimator(model, plates, noise_form, *, replace, preconditioner, shard
         replace=replace,
         pullback=None if preconditioner is None else preconditioner.pull,
         sharding=sharding,
+        noise_rows=rows,
     )
 
 

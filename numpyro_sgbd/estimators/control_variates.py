@@ -141,6 +141,10 @@ class ControlVariateEstimator(Estimator):
         def difference(est, indices, points, args, kwargs):
             # The minibatch parts at z minus those at the centre, same indices.
             z, centre = points
+            if type(est).evaluate is MinibatchEstimator.evaluate:
+                # Its own evaluate: both points formed as one (one gather, one
+                # pullback); a subclass's evaluate is called as it is.
+                return est.evaluate_difference(z, centre, indices, args, kwargs)
             value, grad, per_datum = est.evaluate(z, indices, args, kwargs)
             value_c, grad_c, per_datum_c = est.evaluate(centre, indices, args, kwargs)
             if isinstance(per_datum, StreamedRows):

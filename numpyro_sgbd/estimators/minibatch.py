@@ -71,6 +71,13 @@ class MinibatchEstimator(Estimator):
         ``pull``): the gradient, the per-datum gradients behind the noise
         statistics, and :meth:`full_data`'s gradient are then returned flat, in the
         coordinates u of ``z = z_hat + L u`` (positions stay in z).
+    :param int noise_rows: ``None`` (every row), or estimate the noise sd (or
+        the diagonal covariance) from only the first ``noise_rows`` per-datum
+        gradients of the minibatch, pulled back, where its indices are drawn in
+        random order (with replacement, or as a permutation for n > N/2; not
+        the sorted draw without replacement between) (see
+        :func:`~numpyro_sgbd.preconditioning.noise_rows`, which the kernels
+        use with a dense preconditioner); the gradient uses every row.
     :param sharding: ``None``, or the
         :class:`~numpyro_sgbd.sharding.DataSharding` of the model's data: every
         estimate and full-data pass then runs shard by shard
@@ -88,6 +95,7 @@ class MinibatchEstimator(Estimator):
         per_datum="vmap",
         pullback=None,
         sharding=None,
+        noise_rows=None,
     ):
         noise = _checked_noise(plates, noise, covariance, per_datum)
         self.model = model
@@ -98,6 +106,7 @@ class MinibatchEstimator(Estimator):
         self.per_datum = per_datum
         self.pullback = pullback
         self.sharding = sharding
+        self.noise_rows = noise_rows
         #: The estimator on one shard (``None`` without sharding).
         self.local = None
         if sharding is not None:
@@ -112,16 +121,40 @@ class MinibatchEstimator(Estimator):
                 covariance=covariance,
                 per_datum=per_datum,
                 pullback=pullback,
+                noise_rows=noise_rows,
             )
 
     def _pull(self, grad, per_datum_grads=None):
-        """Gradients in u (flat) where there is a pullback; unchanged otherwise."""
+        """Gradients in u (flat) where there is a pullback; unchanged otherwise.
+        With ``noise_rows``, only that many of the per-datum gradients (the
+        first, where they are a random subset: indices drawn with replacement
+        or as a permutation) are pulled back, where the noise needs only
+        variances."""
         if self.pullback is None:
             return grad, per_datum_grads
         grad = self.pullback(ravel_pytree(grad)[0])
         if per_datum_grads is not None:
-            per_datum_grads = pulled_rows(self.pullback, per_datum_grads)
+            per_datum_grads = pulled_rows(
+                self.pullback, self._noise_subset(per_datum_grads)
+            )
         return grad, per_datum_grads
+
+    def _noise_subset(self, rows):
+        """The first ``noise_rows`` of dense per-datum gradients, where the noise
+        form needs only their variances; ``rows`` otherwise."""
+        m = self.noise_rows
+        if m is None or isinstance(rows, StreamedRows) or len(self.plates) != 1:
+            return rows
+        if self.covariance not in (None, "diag"):
+            return rows
+        ((size, n, _),) = self.plates.values()
+        if not resolve_replace(self.replace, size, n) and 2 * n <= size:
+            # Drawn without replacement these come back sorted: their first
+            # rows are the lowest indices, not a random subset.
+            return rows
+        if any(jnp.shape(r)[0] <= m for r in jax.tree.leaves(rows)):
+            return rows
+        return jax.tree.map(lambda r: r[:m], rows)
 
     #: Per-datum gradients are formed in chunks of at most this many floats
     #: (``chunk x d``), where the covariance form does not need them all
@@ -220,6 +253,34 @@ class MinibatchEstimator(Estimator):
         noise is estimated."""
         value, grad, per_datum_grads = self._at_z(z, indices, model_args, model_kwargs)
         return (value, *self._pull(grad, per_datum_grads))
+
+    def evaluate_difference(self, z, centre, indices, model_args, model_kwargs):
+        """:meth:`evaluate` at ``z`` minus :meth:`evaluate` at ``centre`` on the
+        same ``indices`` (control variates), formed as one: where the n
+        per-datum gradients are formed all at once by vmapped one-datum
+        potentials, one vmapped function evaluates each datum at both points
+        (one gather of its rows), and the differences are pulled back once (a
+        pullback is linear: one n x d by d x d product, not two)."""
+        terms = partial(self._terms, model_args=model_args, model_kwargs=model_kwargs)
+        paired = self.noise and self.plates and self.per_datum == "vmap"
+        if paired:
+            ((name, (_, n, _)),) = self.plates.items()
+            paired = self._rows_per_chunk(z, n) == n
+        if paired:
+            jax.eval_shape(partial(terms, indices=indices), z)  # the sites' checks
+            one = partial(_datum_potential, terms, name)
+            value, grad, rows = _by_vmap_pair(one, z, centre, indices[name], n)
+        else:
+            value, grad, rows = self._at_z(z, indices, model_args, model_kwargs)
+            value_c, grad_c, rows_c = self._at_z(
+                centre, indices, model_args, model_kwargs
+            )
+            value, grad = value - value_c, jax.tree.map(jnp.subtract, grad, grad_c)
+            if isinstance(rows, StreamedRows):
+                rows = rows - rows_c
+            elif rows is not None:
+                rows = jax.tree.map(jnp.subtract, rows, rows_c)
+        return (value, *self._pull(grad, rows))
 
     def _at_z(self, z, indices, model_args, model_kwargs):
         """:meth:`evaluate` before the pullback: the per-datum gradients all at
@@ -396,6 +457,22 @@ def _by_vmap(one, z, idx, n):
     covariances, differences between two points on the same indices) do not
     see."""
     values, grads = jax.vmap(jax.value_and_grad(one), (None, 0))(z, idx)
+    grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
+    per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
+    return jnp.mean(values), grad, per_datum_grads
+
+
+def _by_vmap_pair(one, z, centre, idx, n):
+    """:func:`_by_vmap` at ``z`` minus at ``centre``, each datum's two
+    evaluations in one vmapped function: ``(potential difference, gradient
+    difference, per-datum gradient differences)``."""
+
+    def both(i):
+        value, grad = jax.value_and_grad(one)(z, i)
+        value_c, grad_c = jax.value_and_grad(one)(centre, i)
+        return value - value_c, jax.tree.map(jnp.subtract, grad, grad_c)
+
+    values, grads = jax.vmap(both)(idx)
     grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
     per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
     return jnp.mean(values), grad, per_datum_grads
