@@ -21,8 +21,10 @@ it judges convergence by the gradient and not by the potential's value.
 
 from typing import Callable, NamedTuple
 import warnings
+import weakref
 
 import jax
+from jax import random
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +33,7 @@ from numpyro.infer.util import constrain_fn, potential_energy
 from numpyro_sgbd.estimators import (
     MinibatchEstimator,
     as_jax_arrays,
-    median_start,
+    median_start_program,
     split_arrays,
 )
 from numpyro_sgbd.handlers import (
@@ -118,18 +120,78 @@ def full_data_objective(
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}.")
     model_kwargs = {} if model_kwargs is None else model_kwargs
     model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
-    arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
+    arrays, rebuild, key = split_arrays((model_args, model_kwargs))
     plates = _subsample_plates(model, model_args, model_kwargs)
+    sharding = None
+    if len(plates) == 1:
+        ((name, (size, n)),) = plates.items()
+        sharding = data_sharding({name: (size, n, None)}, model_args, model_kwargs)
+    if sharding is not None:
+        key = None  # the programs hold the data's mesh: not kept
+
+    def build():
+        return _objective_programs(
+            model, plates, sharding, model_args, model_kwargs, rebuild, chunk_size
+        )
+
+    if key is not None:  # the programs' static sizes: shapes, plates, chunks
+        shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in arrays)
+        key = (key, shapes, tuple(sorted(plates.items())), chunk_size)
+    programs = _kept_programs(model, key, build)
+    start, unravel, value_and_grad, value_grad_hvp, num_data = programs
+    rng_key = random.key(0) if rng_key is None else rng_key
+    x0 = ravel_pytree(start(arrays, rng_key))[0]
+    return Objective(
+        x0,
+        unravel,
+        lambda x: value_and_grad(x, arrays),
+        lambda x, vectors: value_grad_hvp(x, vectors, arrays)[2],
+        num_data,
+        lambda x, vectors: value_grad_hvp(x, vectors, arrays),
+    )
+
+
+#: The compiled programs of each model's last full-data objective, by the
+#: structure of its arguments (weakly keyed by the model): a search on other
+#: data of the same shapes (a second ``MCMC.run``, cross-validation folds,
+#: simulation-based calibration) calls them again instead of compiling anew.
+_KEPT = weakref.WeakKeyDictionary()
+
+
+def _kept_programs(model, key, build):
+    """``build()``'s programs, or those kept for ``model`` under ``key``."""
+    try:
+        kept = _KEPT.get(model)
+    except TypeError:  # a model that cannot be weakly referenced
+        return build()
+    if kept is not None and key is not None and kept[0] == key:
+        return kept[1]
+    programs = build()
+    if key is not None:
+        _KEPT[model] = (key, programs)
+    return programs
+
+
+def _objective_programs(
+    model, plates, sharding, model_args, model_kwargs, rebuild, chunk_size
+):
+    """``(start, unravel, value_and_grad, value_grad_hvp, num_data)`` of
+    :func:`full_data_objective`: compiled functions whose last argument is the
+    array leaves of the model's arguments, so that they serve any data of the
+    same structure."""
     widened = full_batch(model)
-    x0, unravel = ravel_pytree(median_start(widened, arrays, rebuild, rng_key))
+    start = median_start_program(widened, rebuild)
+    shapes = jax.eval_shape(
+        lambda: start(split_arrays((model_args, model_kwargs))[0], random.key(0))
+    )
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    unravel = ravel_pytree(zeros)[1]
     if len(plates) == 1:
         ((name, (size, n)),) = plates.items()
         estimator = MinibatchEstimator(
-            model,
-            {name: (size, n, None)},
-            sharding=data_sharding({name: (size, n, None)}, model_args, model_kwargs),
+            model, {name: (size, n, None)}, sharding=sharding
         )
-        run, arrays = estimator.full_data_parts(model_args, model_kwargs, chunk_size)
+        run, _ = estimator.full_data_parts(model_args, model_kwargs, chunk_size)
 
         def flat_value_and_grad(x, arrays):
             value, grad = run(unravel(x), arrays)
@@ -148,8 +210,6 @@ def full_data_objective(
 
         num_data = None
 
-    value_and_grad = jax.jit(flat_value_and_grad)
-
     @jax.jit
     def value_grad_hvp(x, vectors, arrays):
         # The primal (U, grad U) does not depend on v: computed once, unbatched.
@@ -161,14 +221,7 @@ def full_data_objective(
         )
         return value, grad, products
 
-    return Objective(
-        x0,
-        unravel,
-        lambda x: value_and_grad(x, arrays),
-        lambda x, vectors: value_grad_hvp(x, vectors, arrays)[2],
-        num_data,
-        lambda x, vectors: value_grad_hvp(x, vectors, arrays),
-    )
+    return start, unravel, jax.jit(flat_value_and_grad), value_grad_hvp, num_data
 
 
 def public_info(info):

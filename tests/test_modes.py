@@ -411,3 +411,54 @@ def test_a_start_whose_rate_underflows_moves_to_the_origin(caplog):
 
     expected = optimize.minimize(potential, [0.0], method="BFGS").x[0]
     assert abs(float(mode.params["beta"]) - expected) < 1e-3
+
+
+def _logistic(X, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=50) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
+
+
+def test_a_search_on_new_data_of_the_same_shapes_compiles_nothing():
+    """Repeated fits (cross-validation folds, simulation-based calibration, a
+    second MCMC.run): the full-data objective's programs are kept per model and
+    structure of its arguments, so the second search compiles nothing and finds
+    the second data set's own mode (the data are the programs' arguments)."""
+    from jax import monitoring
+
+    X = random.normal(random.key(0), (500, 3))
+    ys = [
+        random.bernoulli(random.key(k), jax.nn.sigmoid(X @ w)).astype(jnp.float32)
+        for k, w in enumerate(
+            [jnp.array([1.0, -1.0, 0.5]), jnp.array([-1.5, 0.5, 1.0])]
+        )
+    ]
+    compiled = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+
+    modes = [posterior_mode(_logistic, X, ys[0]).params["w"]]
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        modes.append(posterior_mode(_logistic, X, ys[1]).params["w"])
+        searched = len(compiled)
+        # Other shapes (N, so the chunks): compiled anew.
+        modes.append(posterior_mode(_logistic, X[:400], ys[1][:400]).params["w"])
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+    assert searched == 0, searched
+    assert len(compiled) > 0
+    for X_, y, mode in zip([X, X, X[:400]], [ys[0], ys[1], ys[1][:400]], modes):
+
+        def potential(w, X=X_, y=y):
+            logits = X @ w
+            return -jnp.sum(y * logits - jnp.logaddexp(0.0, logits)) + 0.5 * w @ w
+
+        # The Newton step from it, in posterior sds: the search's own tolerance.
+        hess = jax.hessian(potential)(mode)
+        step = jnp.linalg.solve(hess, jax.grad(potential)(mode))
+        sd = jnp.sqrt(jnp.diag(jnp.linalg.inv(hess)))
+        assert float(jnp.max(jnp.abs(step) / sd)) < 0.01
+    assert float(jnp.max(jnp.abs(modes[0] - modes[1]))) > 0.5

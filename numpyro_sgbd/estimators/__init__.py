@@ -37,6 +37,7 @@ from numpyro_sgbd.estimators.compiled import (
     as_jax_arrays,
     jit_once,
     median_start,
+    median_start_program,
     split_arrays,
 )
 from numpyro_sgbd.estimators.control_variates import (
@@ -69,6 +70,7 @@ __all__ = [
     "draw_indices",
     "jit_once",
     "median_start",
+    "median_start_program",
     "noise_variance_factor",
     "resolve_replace",
     "split_arrays",

@@ -84,6 +84,12 @@ def median_start(model, arrays, rebuild, rng_key=None):
     traced op by op, as ``initialize_model`` does, it costs about a hundred small
     compilations."""
     rng_key = random.key(0) if rng_key is None else rng_key
+    return median_start_program(model, rebuild)(arrays, rng_key)
+
+
+def median_start_program(model, rebuild):
+    """:func:`median_start` as a compiled function ``(arrays, rng_key) -> z``,
+    to keep and call again on other data of the same structure."""
 
     @jit_once
     def start(arrays, rng_key):
@@ -97,7 +103,7 @@ def median_start(model, arrays, rebuild, rng_key=None):
             if site["type"] == "sample" and not site["is_observed"]
         }
 
-    return start(arrays, rng_key)
+    return start
 
 
 def as_jax_arrays(tree):
