@@ -19,9 +19,9 @@ itself knows nothing of models: it is in :mod:`numpyro_sgbd.mode_search`, with w
 it judges convergence by the gradient and not by the potential's value.
 """
 
+import collections
 from typing import Callable, NamedTuple
 import warnings
-import weakref
 
 import jax
 from jax import random
@@ -151,24 +151,30 @@ def full_data_objective(
     )
 
 
-#: The compiled programs of each model's last full-data objective, by the
-#: structure of its arguments (weakly keyed by the model): a search on other
-#: data of the same shapes (a second ``MCMC.run``, cross-validation folds,
-#: simulation-based calibration) calls them again instead of compiling anew.
-_KEPT = weakref.WeakKeyDictionary()
+#: The compiled programs of the last few full-data objectives, by model and
+#: structure of its arguments: a search on other data of the same shapes (a
+#: second ``MCMC.run``, cross-validation folds, simulation-based calibration)
+#: calls them again instead of compiling anew. At most :data:`_KEPT_MAX`, the
+#: least recently used dropped (the programs hold the model: a cache keyed
+#: weakly by it would never let go of it).
+_KEPT = collections.OrderedDict()
+_KEPT_MAX = 8
 
 
 def _kept_programs(model, key, build):
-    """``build()``'s programs, or those kept for ``model`` under ``key``."""
-    try:
-        kept = _KEPT.get(model)
-    except TypeError:  # a model that cannot be weakly referenced
+    """``build()``'s programs, or those kept for ``(model, key)``."""
+    if key is None:
         return build()
-    if kept is not None and key is not None and kept[0] == key:
-        return kept[1]
-    programs = build()
-    if key is not None:
-        _KEPT[model] = (key, programs)
+    key = (model, key)
+    try:
+        programs = _KEPT.pop(key, None)
+    except TypeError:  # an unhashable model
+        return build()
+    if programs is None:
+        programs = build()
+    _KEPT[key] = programs
+    while len(_KEPT) > _KEPT_MAX:
+        _KEPT.popitem(last=False)
     return programs
 
 
