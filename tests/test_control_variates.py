@@ -547,6 +547,11 @@ def test_noise_from_a_subset_of_rows_is_unbiased():
     rows = {"w": jnp.ones((n, 3)), "sigma": jnp.ones(n)}
     assert sorted_draw._noise_subset(rows)["w"].shape == (n, 3)
     assert subset._noise_subset(rows)["w"].shape == (m, 3)
+    # A covariance (NOGIN's, used as it is at each step) keeps every row.
+    diag = MinibatchEstimator(
+        model, PLATES, covariance="diag", pullback=pre.pull, replace=True, noise_rows=m
+    )
+    assert diag._noise_subset(rows)["w"].shape == (n, 3)
     keys = random.split(random.key(4), 3000)
     a = jax.jit(jax.vmap(lambda k: subset(k, Z, (X, Y))))(keys)
     b = jax.jit(jax.vmap(lambda k: every(k, Z, (X, Y))))(keys)

@@ -71,8 +71,8 @@ class MinibatchEstimator(Estimator):
         ``pull``): the gradient, the per-datum gradients behind the noise
         statistics, and :meth:`full_data`'s gradient are then returned flat, in the
         coordinates u of ``z = z_hat + L u`` (positions stay in z).
-    :param int noise_rows: ``None`` (every row), or estimate the noise sd (or
-        the diagonal covariance) from only the first ``noise_rows`` per-datum
+    :param int noise_rows: ``None`` (every row), or estimate the noise sd (not
+        a covariance) from only the first ``noise_rows`` per-datum
         gradients of the minibatch, pulled back, where its indices are drawn in
         random order (with replacement, or as a permutation for n > N/2; not
         the sorted draw without replacement between) (see
@@ -128,8 +128,8 @@ class MinibatchEstimator(Estimator):
         """Gradients in u (flat) where there is a pullback; unchanged otherwise.
         With ``noise_rows``, only that many of the per-datum gradients (the
         first, where they are a random subset: indices drawn with replacement
-        or as a permutation) are pulled back, where the noise needs only
-        variances."""
+        or as a permutation) are pulled back, where only the noise sd is asked
+        for."""
         if self.pullback is None:
             return grad, per_datum_grads
         grad = self.pullback(ravel_pytree(grad)[0])
@@ -140,12 +140,14 @@ class MinibatchEstimator(Estimator):
         return grad, per_datum_grads
 
     def _noise_subset(self, rows):
-        """The first ``noise_rows`` of dense per-datum gradients, where the noise
-        form needs only their variances; ``rows`` otherwise."""
+        """The first ``noise_rows`` of dense per-datum gradients, where only the
+        noise sd is asked for; ``rows`` otherwise."""
         m = self.noise_rows
         if m is None or isinstance(rows, StreamedRows) or len(self.plates) != 1:
             return rows
-        if self.covariance not in (None, "diag"):
+        if self.covariance is not None:
+            # A covariance (NOGIN's) is used as it is at each step, not
+            # averaged over steps as the noise sd is: every row.
             return rows
         ((size, n, _),) = self.plates.values()
         if not resolve_replace(self.replace, size, n) and 2 * n <= size:
