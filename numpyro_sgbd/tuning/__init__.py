@@ -284,15 +284,17 @@ def tune(
     True
     """
     settings = check_settings(
-        budget,
-        metric,
-        scores,
-        eta,
-        num_draws,
-        thinning,
-        chunk_size,
-        vectorize,
-        preconditioner,
+        Settings(
+            budget,
+            metric,
+            scores,
+            eta,
+            num_draws,
+            thinning,
+            chunk_size,
+            vectorize,
+            preconditioner,
+        )
     )
     entries, grids = sampler_grids(samplers, step_sizes)
     rng_key = random.key(0) if rng_key is None else rng_key
@@ -301,12 +303,10 @@ def tune(
     problem = Problem(model, model_args, model_kwargs, choice.plate)
     arms = _arms(entries, grids, choice)
     rounds = _num_rounds(len(arms), settings.eta)
-    started = time.perf_counter()
     seconds = {"setup": 0.0, "compile": 0.0, "sampling": 0.0, "scoring": 0.0}
-
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     shared = shared_setup(problem, choice.gradients, settings, rng_key)
-    seconds["setup"] = time.perf_counter() - t0
+    seconds["setup"] = time.perf_counter() - started
 
     # Compile every group and time four records of each (uncharged), so a budget
     # too small for round 0 is refused before any arm runs.

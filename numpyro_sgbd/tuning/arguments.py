@@ -28,7 +28,8 @@ _PRECONDITIONERS = ("auto", "dense", "lowrank", "diagonal")
 
 
 class Settings(NamedTuple):
-    """:func:`~numpyro_sgbd.tuning.tune`'s scalar arguments, checked (see there)."""
+    """:func:`~numpyro_sgbd.tuning.tune`'s scalar arguments (see there), as
+    given or as :func:`check_settings` returns them."""
 
     budget: float
     metric: str
@@ -68,46 +69,33 @@ def _positive_int(value, name, minimum=1):
     return int(value)
 
 
-def check_settings(
-    budget,
-    metric,
-    scores,
-    eta,
-    num_draws,
-    thinning,
-    chunk_size,
-    vectorize,
-    preconditioner,
-):
-    """:class:`Settings` from :func:`~numpyro_sgbd.tuning.tune`'s scalar
-    arguments, or the ``ValueError`` of the first that is not valid."""
-    budget = _positive_number(budget, "budget")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}.")
-    if scores not in SCORES:
-        raise ValueError(f"scores must be one of {SCORES}, got {scores!r}.")
-    eta = _positive_int(eta, "eta", 2)
-    num_draws = _positive_int(num_draws, "num_draws", MIN_DRAWS)
-    thinning = _positive_int(thinning, "thinning")
-    chunk_size = _positive_int(chunk_size, "chunk_size")
-    if not isinstance(vectorize, (bool, np.bool_)):
-        raise ValueError(f"vectorize must be True or False, got {vectorize!r}.")
-    if preconditioner not in _PRECONDITIONERS:
+def check_settings(given):
+    """``given`` (a :class:`Settings` of :func:`~numpyro_sgbd.tuning.tune`'s
+    scalar arguments as passed) checked and converted, or the ``ValueError`` of
+    the first that is not valid."""
+    budget = _positive_number(given.budget, "budget")
+    if given.metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {given.metric!r}.")
+    if given.scores not in SCORES:
+        raise ValueError(f"scores must be one of {SCORES}, got {given.scores!r}.")
+    eta = _positive_int(given.eta, "eta", 2)
+    num_draws = _positive_int(given.num_draws, "num_draws", MIN_DRAWS)
+    thinning = _positive_int(given.thinning, "thinning")
+    chunk_size = _positive_int(given.chunk_size, "chunk_size")
+    if not isinstance(given.vectorize, (bool, np.bool_)):
+        raise ValueError(f"vectorize must be True or False, got {given.vectorize!r}.")
+    if given.preconditioner not in _PRECONDITIONERS:
         raise ValueError(
             "preconditioner must be 'auto', 'dense', 'lowrank' or 'diagonal' (tune "
             "takes step sizes in the whitened coordinates), got "
-            f"{preconditioner!r}."
+            f"{given.preconditioner!r}."
         )
-    return Settings(
-        budget,
-        metric,
-        scores,
-        eta,
-        num_draws,
-        thinning,
-        chunk_size,
-        vectorize,
-        preconditioner,
+    return given._replace(
+        budget=budget,
+        eta=eta,
+        num_draws=num_draws,
+        thinning=thinning,
+        chunk_size=chunk_size,
     )
 
 
