@@ -9,7 +9,7 @@ from numpyro.distributions.transforms import biject_to
 from numpyro_sgbd.estimators.base import Centre, Estimator, _finite_tree
 from numpyro_sgbd.estimators.compiled import as_jax_arrays
 from numpyro_sgbd.estimators.minibatch import MinibatchEstimator
-from numpyro_sgbd.estimators.rows import StreamedRows
+from numpyro_sgbd.estimators.rows import parts_difference
 
 __all__ = ["ControlVariateEstimator", "unconstrained_centre"]
 
@@ -145,13 +145,10 @@ class ControlVariateEstimator(Estimator):
                 # Its own evaluate: both points formed as one (one gather, one
                 # pullback); a subclass's evaluate is called as it is.
                 return est.evaluate_difference(z, centre, indices, args, kwargs)
-            value, grad, per_datum = est.evaluate(z, indices, args, kwargs)
-            value_c, grad_c, per_datum_c = est.evaluate(centre, indices, args, kwargs)
-            if isinstance(per_datum, StreamedRows):
-                per_datum = per_datum - per_datum_c
-            elif per_datum is not None:
-                per_datum = jax.tree.map(jnp.subtract, per_datum, per_datum_c)
-            return value - value_c, jax.tree.map(jnp.subtract, grad, grad_c), per_datum
+            return parts_difference(
+                est.evaluate(z, indices, args, kwargs),
+                est.evaluate(centre, indices, args, kwargs),
+            )
 
         est = self.estimator.map_shards(
             difference, rng_key, (z, centre), model_args, model_kwargs

@@ -14,6 +14,7 @@ import numpy as np
 __all__ = [
     "AUTO_REPLACE_RATIO",
     "draw_indices",
+    "in_random_order",
     "noise_variance_factor",
     "resolve_replace",
 ]
@@ -40,6 +41,14 @@ def resolve_replace(replace, size, subsample_size):
     if replace is None:
         return AUTO_REPLACE_RATIO * subsample_size <= size
     return bool(replace)
+
+
+def in_random_order(replace, size, subsample_size):
+    """Whether :func:`draw_indices` returns its indices in random order, so that
+    any first m of them are a random sample of the data: drawn with replacement
+    (i.i.d.) or as a permutation (n > N/2); not the sorted draw without
+    replacement between."""
+    return resolve_replace(replace, size, subsample_size) or 2 * subsample_size > size
 
 
 def _mul_wide(a, b):

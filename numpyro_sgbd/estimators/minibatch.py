@@ -14,6 +14,7 @@ from numpyro_sgbd.estimators.base import Estimator, GradientEstimate
 from numpyro_sgbd.estimators.compiled import as_jax_arrays, split_arrays
 from numpyro_sgbd.estimators.indices import (
     draw_indices,
+    in_random_order,
     noise_variance_factor,
     resolve_replace,
 )
@@ -23,6 +24,7 @@ from numpyro_sgbd.estimators.rows import (
     _largest_divisor,
     gathered_stream,
     noise_statistics,
+    parts_difference,
     pulled_rows,
 )
 from numpyro_sgbd.handlers import fix_plates, shard_local
@@ -71,13 +73,11 @@ class MinibatchEstimator(Estimator):
         ``pull``): the gradient, the per-datum gradients behind the noise
         statistics, and :meth:`full_data`'s gradient are then returned flat, in the
         coordinates u of ``z = z_hat + L u`` (positions stay in z).
-    :param int noise_rows: ``None`` (every row), or estimate the noise sd (not
-        a covariance) from only the first ``noise_rows`` per-datum
-        gradients of the minibatch, pulled back, where its indices are drawn in
-        random order (with replacement, or as a permutation for n > N/2; not
-        the sorted draw without replacement between) (see
-        :func:`~numpyro_sgbd.preconditioning.noise_rows`, which the kernels
-        use with a dense preconditioner); the gradient uses every row.
+    :param int noise_rows: ``None`` (every row), or the noise sd (not a
+        covariance) from the first ``noise_rows`` per-datum gradients where the
+        indices come in random order
+        (:func:`~numpyro_sgbd.estimators.indices.in_random_order`); the gradient
+        uses every row (:func:`~numpyro_sgbd.preconditioning.noise_rows`).
     :param sharding: ``None``, or the
         :class:`~numpyro_sgbd.sharding.DataSharding` of the model's data: every
         estimate and full-data pass then runs shard by shard
@@ -125,11 +125,8 @@ class MinibatchEstimator(Estimator):
             )
 
     def _pull(self, grad, per_datum_grads=None):
-        """Gradients in u (flat) where there is a pullback; unchanged otherwise.
-        With ``noise_rows``, only that many of the per-datum gradients (the
-        first, where they are a random subset: indices drawn with replacement
-        or as a permutation) are pulled back, where only the noise sd is asked
-        for."""
+        """Gradients in u (flat) where there is a pullback (of the per-datum
+        ones, :meth:`_noise_subset`); unchanged otherwise."""
         if self.pullback is None:
             return grad, per_datum_grads
         grad = self.pullback(ravel_pytree(grad)[0])
@@ -141,20 +138,16 @@ class MinibatchEstimator(Estimator):
 
     def _noise_subset(self, rows):
         """The first ``noise_rows`` of dense per-datum gradients, where only the
-        noise sd is asked for; ``rows`` otherwise."""
+        noise sd is asked for (a covariance, NOGIN's, is used as it is at each
+        step, the sd averaged over steps) and they are a random sample; ``rows``
+        otherwise."""
         m = self.noise_rows
-        if m is None or isinstance(rows, StreamedRows) or len(self.plates) != 1:
-            return rows
-        if self.covariance is not None:
-            # A covariance (NOGIN's) is used as it is at each step, not
-            # averaged over steps as the noise sd is: every row.
+        if m is None or self.covariance is not None or len(self.plates) != 1:
             return rows
         ((size, n, _),) = self.plates.values()
-        if not resolve_replace(self.replace, size, n) and 2 * n <= size:
-            # Drawn without replacement these come back sorted: their first
-            # rows are the lowest indices, not a random subset.
+        if isinstance(rows, StreamedRows) or m >= n:
             return rows
-        if any(jnp.shape(r)[0] <= m for r in jax.tree.leaves(rows)):
+        if not in_random_order(self.replace, size, n):
             return rows
         return jax.tree.map(lambda r: r[:m], rows)
 
@@ -273,15 +266,10 @@ class MinibatchEstimator(Estimator):
             one = partial(_datum_potential, terms, name)
             value, grad, rows = _by_vmap_pair(one, z, centre, indices[name], n)
         else:
-            value, grad, rows = self._at_z(z, indices, model_args, model_kwargs)
-            value_c, grad_c, rows_c = self._at_z(
-                centre, indices, model_args, model_kwargs
+            value, grad, rows = parts_difference(
+                self._at_z(z, indices, model_args, model_kwargs),
+                self._at_z(centre, indices, model_args, model_kwargs),
             )
-            value, grad = value - value_c, jax.tree.map(jnp.subtract, grad, grad_c)
-            if isinstance(rows, StreamedRows):
-                rows = rows - rows_c
-            elif rows is not None:
-                rows = jax.tree.map(jnp.subtract, rows, rows_c)
         return (value, *self._pull(grad, rows))
 
     def _at_z(self, z, indices, model_args, model_kwargs):

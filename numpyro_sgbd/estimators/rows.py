@@ -17,6 +17,7 @@ __all__ = [
     "StreamedRows",
     "gathered_stream",
     "noise_statistics",
+    "parts_difference",
     "pulled_rows",
 ]
 
@@ -186,6 +187,18 @@ def gathered_stream(term, z, indices, chunk, row_budget):
     except Exception:  # an equation that cannot be re-bound: dense rows
         return None
     return StreamedRows(fn, indices, rows)
+
+
+def parts_difference(parts, parts_c):
+    """``(value, gradient, rows)`` of one evaluation minus those of another on
+    the same indices (control variates: at z and at the centre); the rows dense
+    (a tree), a :class:`StreamedRows` or ``None``."""
+    (value, grad, rows), (value_c, grad_c, rows_c) = parts, parts_c
+    if isinstance(rows, StreamedRows):
+        rows = rows - rows_c
+    elif rows is not None:
+        rows = jax.tree.map(jnp.subtract, rows, rows_c)
+    return value - value_c, jax.tree.map(jnp.subtract, grad, grad_c), rows
 
 
 def _pulled_dense(pullback, rows):
