@@ -10,7 +10,8 @@ so a partial run never overwrites the full table). ``--kernels`` narrows section
 covariates:
 
 (a) per-step time of ``MCMC(SGBD(model))`` and ``MCMC(SGLD(model))``, every variant,
-    progress bar off and on, / the floor: a hand-written jitted ``lax.scan`` of
+    progress bar off and on with one step per sample (``num_steps=1``; (g) times the
+    default under the bar), / the floor: a hand-written jitted ``lax.scan`` of
     minibatch gradients of the same potential with O(n) index draws
     (``random.randint``) and a Langevin move; N = 10^6, d = 10, n = 1000 and 100.
 (b) the same kernels / BlackJAX's ``sgld`` run in a jitted ``lax.scan`` on the same
@@ -28,8 +29,9 @@ covariates:
 (f) memory: peak resident memory of a run at N = 10^7 (and 10^6), d = 10, above
     the resident memory once the data are loaded.
 (g) the progress bar: per-step time of every sampler with ``progress_bar=True``
-    and ``num_steps`` (SG steps per sample) 100, / with the bar off and one step
-    per sample; N = 10^6, d = 10, n = 1000.
+    and ``num_steps`` left at its default (the kernel then picks k SG steps per
+    sample, see ``numpyro_sgbd.steps_per_sample``; the table gives k), / with the
+    bar off (one step per sample); N = 10^6, d = 10, n = 1000.
 (i) the default path part by part: per-step time of SGBD and SGLD with control
     variates, the corrected variant, the preconditioner found at the mode, each
     added in turn, and of ``step_size=None`` (all three, the step adapted),
@@ -235,7 +237,6 @@ def _run_seconds(kernel, X, y, num_samples, progress_bar):
         kernel,
         num_warmup=0,
         num_samples=num_samples,
-        progress_bar=progress_bar,
         # Bar off: the data as arguments of the loop, as for the floor; as
         # constants (the default), each run's compilation copied them and the
         # per-step times of identical runs varied by up to a half. Bar on: the
@@ -243,6 +244,7 @@ def _run_seconds(kernel, X, y, num_samples, progress_bar):
         # returns the data from every step, a copy (15 ms a step at N = 10^6).
         jit_model_args=not progress_bar,
     )
+    mcmc.progress_bar = progress_bar  # (NumPyro's MCMC turns it off where CI is set)
     init = {"w": jnp.full(X.shape[1], 0.1)}
     start = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()), compile_seconds() as compiling:
@@ -296,7 +298,10 @@ def paired_kernel_seconds(cases, X, y, n, repeats=3):
 
 
 def _make(cls, variant, **kwargs):
-    return lambda model_n: cls(model_n, step_size=1e-3, variant=variant, **kwargs)
+    # One step a sample, with the bar too (section (g) times the default).
+    return lambda model_n: cls(
+        model_n, step_size=1e-3, variant=variant, num_steps=1, **kwargs
+    )
 
 
 class Table:
@@ -673,7 +678,8 @@ def memory(table, args):
 
 def _bar_kernels():
     """(name, make(num_steps) -> make_kernel) for section (g): every sampler at a
-    fixed step (no adaptation), on minibatch gradients."""
+    fixed step (no adaptation, so that runs without warmup time its steps), on
+    minibatch gradients; ``num_steps=None`` is the default."""
 
     def of(cls, **kwargs):
         def make(num_steps):
@@ -695,21 +701,30 @@ def _bar_kernels():
 def progress_bar(table, args):
     """Section (g)."""
     X, y = make_data(args.num_data, 10)
-    n, k = 1000, args.bar_num_steps
+    n = 1000
     steps = _steps_for(args, floor_seconds(X, y, n, 6 * args.num_steps))
     table.section(
-        f"(g) N = {args.num_data:.0e}, d = 10, n = {n}: progress bar on with "
-        f"num_steps = {k} / bar off with num_steps = 1, per step",
-        ["kernel", "off us/step", "on us/step", "on / off"],
+        f"(g) N = {args.num_data:.0e}, d = 10, n = {n}: progress bar on with the "
+        "default num_steps (k steps a sample, the kernel's choice) / bar off, "
+        "per step",
+        ["kernel", "k", "off us/step", "on us/step", "on / off"],
     )
     kernels = [k for k in _bar_kernels() if not args.kernels or k[0] in args.kernels]
     for name, make in kernels:
-        samples = max(1, steps // k)
+        # One kernel for every bar-on run: it measures its step once (outside
+        # the timed difference) and keeps k for the later runs of these shapes.
+        on_kernel = make(None)(functools.partial(model, subsample_size=n))
+        _run_seconds(on_kernel, X, y, 2, True)
+        k = on_kernel.num_steps
         off, on = paired_kernel_seconds(
-            [(make(1), steps, False), (make(k), samples, True)], X, y, n, args.repeats
+            [(make(1), steps, False), (lambda _: on_kernel, max(1, steps // k), True)],
+            X,
+            y,
+            n,
+            args.repeats,
         )
         on /= k
-        table.row(name, 1e6 * off, 1e6 * on, on / off)
+        table.row(name, k, 1e6 * off, 1e6 * on, on / off)
 
 
 def high_dim_child(spec):
@@ -939,12 +954,6 @@ def parse_args(argv=None):
         nargs="+",
         default=list(_ALL_PARTS),
         choices=[*_ALL_PARTS, "e'"],
-    )
-    parser.add_argument(
-        "--bar-num-steps",
-        type=int,
-        default=100,
-        help="(g): the kernels' num_steps with the progress bar on",
     )
     parser.add_argument("--high-dim-steps", type=int, default=20)
     parser.add_argument(

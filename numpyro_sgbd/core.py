@@ -557,7 +557,8 @@ def repeat(sample_kernel, num_steps, recentre=None):
     of ``num_steps`` steps: NumPyro's per-sample costs, the progress bar's Python
     dispatch and collecting ``extra_fields``, are paid once for them), with
     ``recentre(state, model_args, model_kwargs) -> centre`` after each step where
-    the control variates re-centre in warmup."""
+    the control variates re-centre in warmup. ``num_steps`` may be traced (a
+    loop of a variable length, as :mod:`~numpyro_sgbd.steps_per_sample` times)."""
 
     def one(state, model_args, model_kwargs):
         new = sample_kernel(state, model_args, model_kwargs)
@@ -565,7 +566,7 @@ def repeat(sample_kernel, num_steps, recentre=None):
             return new
         return new._replace(centre=recentre(new, model_args, model_kwargs))
 
-    if num_steps == 1:
+    if isinstance(num_steps, int) and num_steps == 1:
         return one
 
     def steps(state, model_args, model_kwargs):

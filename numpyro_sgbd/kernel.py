@@ -21,11 +21,12 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from numpyro_sgbd import advice, core, preconditioning
+from numpyro_sgbd import advice, core, preconditioning, steps_per_sample
 from numpyro_sgbd.estimators import Centre
 from numpyro_sgbd.model_side import ModelSide
 from numpyro_sgbd.monitoring import Monitor, wall_time
 from numpyro_sgbd.monitoring.run import after_sample, check_closed_over, start_trace
+from numpyro_sgbd.monitoring.trace import driving_mcmc
 from numpyro_sgbd.options import (
     _per_site,
     check_keyword_names,
@@ -37,7 +38,7 @@ from numpyro_sgbd.prepare import (
     has_tracer,
 )
 from numpyro_sgbd.setup import Setup, dimension
-from numpyro_sgbd.sharding import any_sharded
+from numpyro_sgbd.sharding import check_untransformed
 from numpyro_sgbd.state import SGState, family_state
 from numpyro_sgbd.validation import warn_unadapted
 
@@ -80,7 +81,7 @@ class _SGKernel(ModelSide, MCMCKernel):
         init_strategy=init_to_uniform,
         log_likelihood_size=None,
         chunk_size=4096,
-        num_steps=1,
+        num_steps=None,
     ):
         options = kernel_options(
             model=model,
@@ -100,10 +101,10 @@ class _SGKernel(ModelSide, MCMCKernel):
         )
         self._model, self._potential_fn = model, potential_fn
         self._gradient_fn, self._step_size_arg = gradient_fn, step_size
-        self._num_steps, self._recentre_every = (
-            options.num_steps,
-            options.recentre_every,
-        )
+        self._num_steps_arg = options.num_steps
+        self._recentre_every = options.recentre_every
+        # Steps per sample, and those chosen under the bar by shapes of the run.
+        self._num_steps, self._bar_steps = options.num_steps or 1, {}
         self._preconditioner_arg = options.preconditioner
         self._adapt_mass = options.adapt_mass
         self._gradient_arg = self._gradient = options.gradient
@@ -112,17 +113,15 @@ class _SGKernel(ModelSide, MCMCKernel):
         self._log_likelihood_size = log_likelihood_size
         # What `init` finds from the model and its data: see `setup`.
         self._setup = Setup()
-        # Set by `init`: the run's warmup in steps and its scale windows (see
-        # preconditioning.scale_windows), the model's plates, shapes and
+        # Set by `init`: the run's warmup in steps, the model's plates, shapes and
         # evaluation rows, the estimator, the checked step and the compiled step.
-        self._num_warmup, self._scale_windows = 0, (0, ())
+        self._num_warmup = 0
         self._plates, self._z_shapes, self._plate_deterministic = None, None, ()
         self.log_likelihood_indices = None
         self._estimator = self._step_size = self._sample_impl = None
         self._batched = False
-        # Whether the last `init` saw traced model arguments (a kernel run inside
-        # the user's jax.jit): what it computed from the data is then abstract and
-        # must not outlive that trace (see `_sample_fn`).
+        # Whether the last `init` saw traced model arguments (inside the user's
+        # jax.jit): its data-derived values must not outlive it (`_sample_fn`).
         self._traced_setup = False
         self._programs = {name: Programs() for name in _PROGRAMS}
         self._diagnostics = (0, "")
@@ -185,7 +184,11 @@ class _SGKernel(ModelSide, MCMCKernel):
         """The warmup adaptation as the core's value (:class:`core.Adaptation`)."""
         return core.Adaptation(
             num_warmup=self._num_warmup,
-            scale_windows=self._scale_windows,
+            scale_windows=(
+                preconditioning.scale_windows(self._num_warmup)
+                if self._adapt_mass
+                else (self._num_warmup, ())
+            ),
             step_target=self._STEP_TARGET,
             sampling_fraction=self._SAMPLING_FRACTION,
             scale_max=self._SCALE_MAX,
@@ -211,6 +214,12 @@ class _SGKernel(ModelSide, MCMCKernel):
 
     def _sample_one(self, state, model_args, model_kwargs):
         return self._kernel_fns()[1](state, model_args, model_kwargs)
+
+    @property
+    def num_steps(self):
+        """SG steps per sample: the ``num_steps`` given, or with ``None`` the
+        number the last run took (:mod:`~numpyro_sgbd.steps_per_sample`)."""
+        return self._num_steps
 
     @property
     def sample_kernel(self):
@@ -241,20 +250,9 @@ class _SGKernel(ModelSide, MCMCKernel):
         self._monitor.start()
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         # In steps: `state.i` counts SG steps, num_steps of them per sample.
-        self._num_warmup = int(num_warmup) * self._num_steps
-        self._scale_windows = (
-            preconditioning.scale_windows(self._num_warmup)
-            if self._adapt_mass
-            else (self._num_warmup, ())
-        )
-        if has_tracer(rng_key) and any_sharded((model_args, model_kwargs)):
-            raise ValueError(
-                "The model's data are sharded over devices, and this kernel runs "
-                "inside a transform (chain_method='parallel' maps chains onto the "
-                "devices the data occupy, or the user's jax.jit): use "
-                "chain_method='vectorized' (or 'sequential') and call MCMC.run "
-                "outside jax.jit."
-            )
+        k = self._num_steps_arg or 1
+        self._num_steps, self._num_warmup = k, int(num_warmup) * k
+        check_untransformed(has_tracer(rng_key), (model_args, model_kwargs))
         self._traced_setup = has_tracer((model_args, model_kwargs))
         # Inside pmap or the user's jax.jit, what the kernel keeps on itself is
         # computed eagerly, so that no tracer outlives the transform; not
@@ -269,13 +267,8 @@ class _SGKernel(ModelSide, MCMCKernel):
             rng_key, batched, init_params, model_args, model_kwargs
         )
         one_z = jax.tree.map(lambda x: x[0], z) if batched else z
-        shapes = self._z_shapes
-        if self._model is None:
-            shapes = jax.tree.map(lambda x: tuple(jnp.shape(x)), one_z)
-            if isinstance(one_z, dict):
-                shapes = {k: tuple(jnp.shape(v)) for k, v in one_z.items()}
         with eager_if_traced((rng_key, model_args, model_kwargs)):
-            self._prepare(shapes, one_z)
+            self._prepare(self._shapes_of(one_z), one_z)
         self._batched = batched
         if self._model is None:
             self._probe(one_z, model_args, model_kwargs)
@@ -286,6 +279,11 @@ class _SGKernel(ModelSide, MCMCKernel):
         else:
             state = init_one(rng_key, z)
             self._sample_impl = self._sample_one
+        if self._num_steps_arg is None and not has_tracer((state, model_args)):
+            if steps_per_sample.python_loop(driving_mcmc(self)):
+                args = (self._sample_impl, state, model_args, model_kwargs)
+                k = steps_per_sample.for_run(self._bar_steps, type(self), *args)
+                self._num_steps, self._num_warmup = k, int(num_warmup) * k
         return start_trace(self, state, one_z)
 
     @property
@@ -332,6 +330,8 @@ class _SGKernel(ModelSide, MCMCKernel):
         calls, text = self._diagnostics
         if calls % 100 == 0:
             parts = [f"U_hat {float(state.potential_energy_estimate):.4g}"]
+            if self._num_steps_arg is None and self._num_steps > 1:
+                parts.append(f"{self._num_steps} steps/sample")
             parts += self._diagnostic_parts(state)
             if int(state.num_nonfinite) > 0:
                 parts.append("STOPPED (non-finite)")

@@ -209,6 +209,15 @@ class ModelSide:
         )
         return rng_key, z
 
+    def _shapes_of(self, one_z):
+        """The latent sites' shapes: the model's, or those of ``one_z`` (one
+        chain's position) for a potential_fn or gradient_fn."""
+        if self._model is not None:
+            return self._z_shapes
+        if isinstance(one_z, dict):
+            return {k: tuple(jnp.shape(v)) for k, v in one_z.items()}
+        return jax.tree.map(lambda x: tuple(jnp.shape(x)), one_z)
+
     def _probe(self, one_z, model_args, model_kwargs):
         """A user's potential_fn or gradient_fn: its estimate checked before
         compiling (the model's own estimators give z's structure and the noise

@@ -116,8 +116,9 @@ class KernelOptions(NamedTuple):
     gradient: str
     #: Warmup steps between re-centrings of the control variates, or ``None``.
     recentre_every: Any
-    #: SG steps per sample.
-    num_steps: int
+    #: SG steps per sample, or ``None``: chosen per run
+    #: (:mod:`~numpyro_sgbd.steps_per_sample`).
+    num_steps: Any
 
 
 def kernel_options(
@@ -161,17 +162,18 @@ def kernel_options(
     )
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
-    if not _positive_int(num_steps):
+    if num_steps is not None and not _positive_int(num_steps):
         raise ValueError(
             "num_steps must be a positive int (SG steps per sample; 1 is one "
-            f"step per sample as NumPyro's kernels take), got {num_steps!r}."
+            "step per sample as NumPyro's kernels take) or None (one, or with "
+            f"NumPyro's progress bar as many as last about 1.5 ms), got {num_steps!r}."
         )
     return KernelOptions(
         preconditioner,
         bool(adapt_mass_matrix),
         gradient,
         recentre_every,
-        int(num_steps),
+        None if num_steps is None else int(num_steps),
     )
 
 

@@ -164,6 +164,20 @@ def any_sharded(tree):
     return any(_split_over_devices(x) for x in jax.tree.leaves(tree))
 
 
+def check_untransformed(traced, data):
+    """A ``ValueError`` where ``data`` (the model's arguments) are sharded over
+    devices and the kernel runs inside a transform (``traced``: its key is a
+    tracer), which cannot take arrays that span devices."""
+    if traced and any_sharded(data):
+        raise ValueError(
+            "The model's data are sharded over devices, and this kernel runs "
+            "inside a transform (chain_method='parallel' maps chains onto the "
+            "devices the data occupy, or the user's jax.jit): use "
+            "chain_method='vectorized' (or 'sequential') and call MCMC.run "
+            "outside jax.jit."
+        )
+
+
 def _sharded_arrays(arrays):
     """``[(position, array, mesh axes per dimension)]`` of the ``arrays`` split over
     more than one device; a ``ValueError`` for one split by anything but a

@@ -18,6 +18,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import time
 
 from _cases import one_kernel, some_cases
 import jax
@@ -32,6 +33,7 @@ import pytest
 
 from numpyro_sgbd import BAOAB, NOGIN, SGBD, SGHMC, SGLD, SGNHT, Recipe
 from numpyro_sgbd.kernel import wall_time
+from numpyro_sgbd.steps_per_sample import MAX_STEPS, SAMPLE_SECONDS, choose, python_loop
 
 # Kernel factories given the posterior sd ``sd`` of the model's coordinates (a
 # scalar, or a dict by site): SGBD and SGLD step a fifth of it; NOGIN takes the
@@ -555,15 +557,31 @@ def test_compile_warmup_run(y, kernel_name, num_chains, chain_method):
         )
 
 
+def _bar_on(mcmc):
+    """``mcmc`` with its progress bar on: NumPyro switches the bar off under
+    pytest-xdist and on CI (``MCMC.__init__``); a user's run has it."""
+    mcmc.progress_bar = True
+    return mcmc
+
+
 @ALL_KERNELS
-def test_progress_bar_does_not_change_the_draws(y, kernel_name):
-    # NumPyro's test_mcmc_progbar: warmup then run with the bar on equals the same
-    # with the bar off; a run from another key differs.
+def test_progress_bar_takes_its_steps_per_sample_and_nothing_else(y, kernel_name):
+    # NumPyro's test_mcmc_progbar, with num_steps left at None: under the bar
+    # the kernel takes k > 1 steps per sample (steps_per_sample), and warmup then
+    # run with the bar on equal the same with the bar off and num_steps=k; a run
+    # from another key differs. The draws are those of that thinned chain.
     kernel = KERNELS[kernel_name](normal_model, sd=MU_SD)
-    with_bar = MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=True)
+    with_bar = _bar_on(MCMC(kernel, num_warmup=10, num_samples=10))
     with_bar.warmup(random.key(2), y)
     with_bar.run(random.key(3), y)
-    without = MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False)
+    k = kernel.num_steps
+    assert k > 1
+    without = MCMC(
+        KERNELS[kernel_name](normal_model, sd=MU_SD, num_steps=k),
+        num_warmup=10,
+        num_samples=10,
+        progress_bar=False,
+    )
     without.run(random.key(2), y)
     assert not np.allclose(without.get_samples()["mu"], with_bar.get_samples()["mu"])
     without.warmup(random.key(2), y)
@@ -571,6 +589,65 @@ def test_progress_bar_does_not_change_the_draws(y, kernel_name):
     np.testing.assert_allclose(
         without.get_samples()["mu"], with_bar.get_samples()["mu"], rtol=1e-5
     )
+
+
+def test_progress_bar_steps_per_sample_scale_the_adapted_warmup(y):
+    # The default kernel adapts in warmup: its schedule counts k steps a sample
+    # under the bar, as with num_steps=k given.
+    with_bar = _bar_on(MCMC(SGBD(normal_model), num_warmup=20, num_samples=10))
+    with_bar.run(random.key(1), y, extra_fields=("i",))
+    k = with_bar.sampler.num_steps
+    without = MCMC(
+        SGBD(normal_model, num_steps=k),
+        num_warmup=20,
+        num_samples=10,
+        progress_bar=False,
+    )
+    without.run(random.key(1), y)
+    np.testing.assert_allclose(
+        without.get_samples()["mu"], with_bar.get_samples()["mu"], rtol=1e-5
+    )
+    i = with_bar.get_extra_fields()["i"]
+    np.testing.assert_array_equal(i, 20 * k + k * np.arange(1, 11))
+
+
+def test_progress_bar_keeps_a_given_num_steps_and_the_bar_off_one_step(y):
+    # A num_steps given is kept under the bar (the draws are then the bar-off
+    # run's); with the bar off, or chains mapped over devices, num_steps=None
+    # is one step a sample, as in NumPyro's kernels.
+    runs = {}
+    for bar, num_steps in ((True, 1), (False, None)):
+        kernel = KERNELS["SGBD"](normal_model, sd=MU_SD, num_steps=num_steps)
+        mcmc = MCMC(kernel, num_warmup=10, num_samples=10)
+        mcmc.progress_bar = bar  # (as _bar_on)
+        mcmc.run(random.key(2), y)
+        assert kernel.num_steps == 1
+        runs[bar] = mcmc.get_samples()["mu"]
+    np.testing.assert_allclose(runs[True], runs[False], rtol=1e-5)
+
+    def mcmc(**kw):
+        return _bar_on(MCMC(KERNELS["SGBD"](normal_model), num_warmup=1, **kw))
+
+    # (With one device NumPyro runs "parallel" chains in sequence.)
+    mapped = mcmc(num_samples=1, num_chains=2, chain_method="parallel")
+    assert python_loop(mapped) is (mapped.chain_method == "sequential")
+    assert python_loop(mcmc(num_samples=1))
+    assert not python_loop(None)
+
+
+def test_steps_per_sample_fill_their_share_of_a_sample():
+    # A step slower than SAMPLE_SECONDS is one step a sample; a cheap one is
+    # many (the times are lower bounds: a sleep lasts at least its length).
+    def slow(state, model_args, model_kwargs):
+        wait = lambda x: (time.sleep(2 * SAMPLE_SECONDS), x)[1]  # noqa: E731
+        return jax.pure_callback(wait, jax.ShapeDtypeStruct((), jnp.float32), state)
+
+    def cheap(state, model_args, model_kwargs):
+        return state + 1.0
+
+    state = jnp.float32(0.0)
+    assert choose(slow, state, (), {}) == 1
+    assert 2 <= choose(cheap, state, (), {}) <= MAX_STEPS
 
 
 @pytest.mark.parametrize("kernel_name", ["NOGIN", "SGBD", "adapted SGBD"])

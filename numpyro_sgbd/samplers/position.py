@@ -103,9 +103,12 @@ class SGBD(_FamilyKernel):
         it; the result is in :attr:`centre_info`.
     :param int chunk_size: data rows per chunk of the full-data computations at the
         centre (default 4096): memory O(chunk_size x d), whatever N.
-    :param int num_steps: SG steps per sample (default 1), as HMC's ``num_steps``
-        is leapfrog steps per sample, run in one compiled loop; ``num_warmup`` and
-        ``num_samples`` count samples.
+    :param int num_steps: SG steps per sample, as HMC's ``num_steps`` is
+        leapfrog steps per sample, run in one compiled loop; ``num_warmup`` and
+        ``num_samples`` count samples, ``thinning`` thins samples. Default
+        ``None``: one step, or under NumPyro's progress bar as many as last about
+        1.5 ms, measured before the run (:mod:`~numpyro_sgbd.steps_per_sample`;
+        ``kernel.num_steps`` holds the number).
     :param int recentre_every: with control variates, move the centre every
         ``recentre_every`` warmup steps to the mean of the chain's positions over
         them (one pass over the data each). Default ``None``: a fixed centre.
