@@ -413,6 +413,7 @@ def find_setup(setup, model, model_args, model_kwargs, shapes, request, traced):
         request.preconditioner,
         who=request.who,
         chunk_size=request.centre.chunk_size,
+        last_mode=setup.mode,
     )
     info = {k: v for k, v in report.items() if k != "mode_search"}
     info.update(request.adaptation, mode_search=report["mode_search"])

@@ -13,6 +13,8 @@ import logging
 import time
 from typing import Any, NamedTuple
 
+import jax
+from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 
@@ -65,13 +67,18 @@ class Setup(NamedTuple):
         return self._replace(data=None, centre=None)
 
 
-def find_preconditioner(model, model_args, model_kwargs, d, form, *, who, chunk_size):
+def find_preconditioner(
+    model, model_args, model_kwargs, d, form, *, who, chunk_size, last_mode=None
+):
     """Find the full-data mode and build L from the Hessian there (before
     compiling): ``(preconditioner, mode, mode_value_grad, info)``, ``info`` with
     the form chosen and why, L's memory, the search's report and what each part
     cost. ``form`` is ``"auto"`` (by d,
     :func:`~numpyro_sgbd.preconditioning.choose_preconditioner`), ``"dense"``,
-    ``"lowrank"`` or ``"diagonal"``; ``who`` names the kernel in messages."""
+    ``"lowrank"`` or ``"diagonal"``; ``who`` names the kernel in messages.
+    ``last_mode``, the mode found on earlier data of the same shapes (a refit),
+    is where the search starts if the potential is lower there than at the
+    usual start."""
     why = "as given"
     if form == "auto":
         form, why = preconditioning.choose_preconditioner(d)
@@ -81,6 +88,7 @@ def find_preconditioner(model, model_args, model_kwargs, d, form, *, who, chunk_
     objective = full_data_objective(
         model, model_args, model_kwargs, chunk_size=chunk_size
     )
+    objective = _nearer_start(objective, last_mode)
     what = f"{who}'s start and preconditioner"
     mode, info = find_mode(objective, what=what)
     check_mode(
@@ -126,6 +134,29 @@ def find_preconditioner(model, model_args, model_kwargs, d, form, *, who, chunk_
         seconds - (searched - start),
     )
     return pre, objective.unravel(mode), value_grad, report
+
+
+def _nearer_start(objective, last_mode):
+    """``objective`` starting at ``last_mode`` (unconstrained, by site) where it
+    has the same structure and a lower finite potential than the start the
+    objective has; ``objective`` otherwise. A refit's data are often like the
+    last (folds, bootstrap), and then its search ends in a few steps; a
+    simulation's may not, and then the usual start is kept."""
+    if last_mode is None:
+        return objective
+    flat, unravel = ravel_pytree(last_mode)
+    if flat.shape != objective.x0.shape or jax.tree.structure(
+        unravel(flat)
+    ) != jax.tree.structure(objective.unravel(objective.x0)):
+        return objective
+    flat = flat.astype(objective.x0.dtype)
+    last, usual = (
+        objective.value_and_grad(flat)[0],
+        objective.value_and_grad(objective.x0)[0],
+    )
+    if np.isfinite(float(last)) and float(last) < float(usual):
+        return objective._replace(x0=flat)
+    return objective
 
 
 def find_centre(

@@ -462,3 +462,36 @@ def test_a_search_on_new_data_of_the_same_shapes_compiles_nothing():
         sd = jnp.sqrt(jnp.diag(jnp.linalg.inv(hess)))
         assert float(jnp.max(jnp.abs(step) / sd)) < 0.01
     assert float(jnp.max(jnp.abs(modes[0] - modes[1]))) > 0.5
+
+
+def test_a_refit_starts_its_search_from_the_last_mode_where_that_is_lower():
+    """A kernel's second init on other data of the same shapes (a bootstrap
+    resample here) starts the mode search from the mode it found before when
+    the potential is lower there: fewer Newton steps than a fresh kernel's
+    search of the same data, which ends at the same mode. From a far start it
+    keeps the usual one: the same search as a fresh kernel's."""
+    from numpyro_sgbd import SGLD
+
+    X = random.normal(random.key(0), (2000, 3))
+    w = jnp.array([2.0, -1.5, 1.0])
+    y = random.bernoulli(random.key(1), jax.nn.sigmoid(X @ w)).astype(jnp.float32)
+    rows = random.randint(random.key(2), (2000,), 0, 2000)
+    flipped = 1.0 - y  # its mode is about -w: far from the first
+    reused = SGLD(_logistic)
+    reused.init(random.key(3), 10, None, (X, y), {})
+    searches = {}
+    for name, data in (("bootstrap", (X[rows], y[rows])), ("flipped", (X, flipped))):
+        fresh = SGLD(_logistic)
+        fresh.init(random.key(3), 10, None, data, {})
+        reused.init(random.key(3), 10, None, data, {})
+        searches[name] = [
+            (k.adaptation_info["mode_search"]["iterations"], k._setup.mode["w"])
+            for k in (fresh, reused)
+        ]
+        reused.init(random.key(3), 10, None, (X, y), {})  # back to the first
+    (fresh_steps, fresh_mode), (steps, mode) = searches["bootstrap"]
+    assert steps < fresh_steps, (steps, fresh_steps)
+    np.testing.assert_allclose(mode, fresh_mode, atol=0.02)
+    (fresh_steps, fresh_mode), (steps, mode) = searches["flipped"]
+    assert steps == fresh_steps
+    np.testing.assert_allclose(mode, fresh_mode, rtol=1e-6)
