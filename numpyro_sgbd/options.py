@@ -166,7 +166,7 @@ def kernel_options(
         raise ValueError(
             "num_steps must be a positive int (SG steps per sample; 1 is one "
             "step per sample as NumPyro's kernels take) or None (one, or with "
-            f"NumPyro's progress bar as many as last about 1.5 ms), got {num_steps!r}."
+            f"NumPyro's progress bar as many as last about 2.5 ms), got {num_steps!r}."
         )
     return KernelOptions(
         preconditioner,

@@ -34,9 +34,10 @@ __all__ = ["SAMPLE_SECONDS", "choose", "for_run", "python_loop"]
 logger = logging.getLogger("numpyro_sgbd")
 
 #: Seconds of SG steps a sample is given when NumPyro's Python loop drives the
-#: kernel: 5 to 10 times that loop's cost per sample on a CPU (0.15 to 0.2 ms
-#: with the run checks), and on one H100 (about 0.1 ms of kernel launches).
-SAMPLE_SECONDS = 1.5e-3
+#: kernel: about 10 times that loop's cost per sample, which on two CPU cores
+#: came to 0.2 to 0.3 ms a sample with the run checks (the bar cost 0.9 to 1.3
+#: times the bar-off time per step at 1.5 ms, ``benchmarks/run.py --parts g``).
+SAMPLE_SECONDS = 2.5e-3
 #: At most this many steps a sample (steps of a few µs: small models and n).
 MAX_STEPS = 1000
 #: The longer of the two loops timed: the difference of a loop of this many

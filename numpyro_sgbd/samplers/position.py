@@ -107,7 +107,7 @@ class SGBD(_FamilyKernel):
         leapfrog steps per sample, run in one compiled loop; ``num_warmup`` and
         ``num_samples`` count samples, ``thinning`` thins samples. Default
         ``None``: one step, or under NumPyro's progress bar as many as last about
-        1.5 ms, measured before the run (:mod:`~numpyro_sgbd.steps_per_sample`;
+        2.5 ms, measured before the run (:mod:`~numpyro_sgbd.steps_per_sample`;
         ``kernel.num_steps`` holds the number).
     :param int recentre_every: with control variates, move the centre every
         ``recentre_every`` warmup steps to the mean of the chain's positions over
