@@ -545,13 +545,14 @@ def test_noise_from_a_subset_of_rows_is_unbiased():
         model, PLATES, noise=True, pullback=pre.pull, replace=False, noise_rows=m
     )
     rows = {"w": jnp.ones((n, 3)), "sigma": jnp.ones(n)}
-    assert sorted_draw._noise_subset(rows)["w"].shape == (n, 3)
-    assert subset._noise_subset(rows)["w"].shape == (m, 3)
+    grad = jax.tree.map(lambda r: r[0], rows)
+    assert sorted_draw._pull(grad, rows)[1].shape == (n, 4)
+    assert subset._pull(grad, rows)[1].shape == (m, 4)
     # A covariance (NOGIN's, used as it is at each step) keeps every row.
     diag = MinibatchEstimator(
         model, PLATES, covariance="diag", pullback=pre.pull, replace=True, noise_rows=m
     )
-    assert diag._noise_subset(rows)["w"].shape == (n, 3)
+    assert diag._pull(grad, rows)[1].shape == (n, 4)
     keys = random.split(random.key(4), 3000)
     a = jax.jit(jax.vmap(lambda k: subset(k, Z, (X, Y))))(keys)
     b = jax.jit(jax.vmap(lambda k: every(k, Z, (X, Y))))(keys)

@@ -14,18 +14,19 @@ from numpyro_sgbd.estimators.base import Estimator, GradientEstimate
 from numpyro_sgbd.estimators.compiled import as_jax_arrays, split_arrays
 from numpyro_sgbd.estimators.indices import (
     draw_indices,
-    in_random_order,
     noise_variance_factor,
     resolve_replace,
 )
 from numpyro_sgbd.estimators.rows import (
     StreamedRows,
     _flat_size,
-    _largest_divisor,
+    default_row_budget,
     gathered_stream,
     noise_statistics,
+    noise_subset,
     parts_difference,
     pulled_rows,
+    rows_per_chunk,
 )
 from numpyro_sgbd.handlers import fix_plates, shard_local
 
@@ -126,30 +127,17 @@ class MinibatchEstimator(Estimator):
 
     def _pull(self, grad, per_datum_grads=None):
         """Gradients in u (flat) where there is a pullback (of the per-datum
-        ones, :meth:`_noise_subset`); unchanged otherwise."""
+        ones, the first ``noise_rows`` where they serve the noise sd only:
+        :func:`~numpyro_sgbd.estimators.rows.noise_subset`); unchanged
+        otherwise."""
         if self.pullback is None:
             return grad, per_datum_grads
         grad = self.pullback(ravel_pytree(grad)[0])
         if per_datum_grads is not None:
-            per_datum_grads = pulled_rows(
-                self.pullback, self._noise_subset(per_datum_grads)
-            )
+            some = self.noise_rows if self.covariance is None else None
+            rows = noise_subset(per_datum_grads, some, self.plates, self.replace)
+            per_datum_grads = pulled_rows(self.pullback, rows)
         return grad, per_datum_grads
-
-    def _noise_subset(self, rows):
-        """The first ``noise_rows`` of dense per-datum gradients, where only the
-        noise sd is asked for (a covariance, NOGIN's, is used as it is at each
-        step, the sd averaged over steps) and they are a random sample; ``rows``
-        otherwise."""
-        m = self.noise_rows
-        if m is None or self.covariance is not None or len(self.plates) != 1:
-            return rows
-        ((size, n, _),) = self.plates.values()
-        if isinstance(rows, StreamedRows) or m >= n:
-            return rows
-        if not in_random_order(self.replace, size, n):
-            return rows
-        return jax.tree.map(lambda r: r[:m], rows)
 
     #: Per-datum gradients are formed in chunks of at most this many floats
     #: (``chunk x d``), where the covariance form does not need them all
@@ -163,16 +151,10 @@ class MinibatchEstimator(Estimator):
     row_budget = None
 
     def _row_budget(self):
-        if self.row_budget is not None:
-            return self.row_budget
-        return 2**18 if jax.default_backend() == "cpu" else 2**22
+        return default_row_budget() if self.row_budget is None else self.row_budget
 
     def _rows_per_chunk(self, z, n):
-        """Rows per chunk of the per-datum gradients: ``n`` (all at once, as
-        rows) or fewer (a :class:`StreamedRows`)."""
-        if self.covariance in ("lowrank", "full"):
-            return n  # the factor or the matrix needs every row
-        return _largest_divisor(n, self._row_budget() // max(_flat_size(z), 1))
+        return rows_per_chunk(z, n, self.covariance, self._row_budget())
 
     def draw(self, rng_key):
         """Fresh indices ``{plate name: indices}`` for every subsample plate."""
@@ -203,13 +185,8 @@ class MinibatchEstimator(Estimator):
         # NumPy data cannot be indexed by the traced minibatch indices (X[idx]);
         # as JAX arrays they can, and jit embeds them as it would anyway.
         model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
-        return self.map_shards(
-            lambda est, idx, z, args, kwargs: est.evaluate(z, idx, args, kwargs),
-            rng_key,
-            z,
-            model_args,
-            model_kwargs,
-        )
+        local = _evaluate_on  # each shard's estimator on its own indices
+        return self.map_shards(local, rng_key, z, model_args, model_kwargs)
 
     def map_shards(self, local, rng_key, operand, model_args, model_kwargs):
         """The :class:`GradientEstimate` of ``local(estimator, indices, operand,
@@ -250,35 +227,24 @@ class MinibatchEstimator(Estimator):
         return (value, *self._pull(grad, per_datum_grads))
 
     def evaluate_difference(self, z, centre, indices, model_args, model_kwargs):
-        """:meth:`evaluate` at ``z`` minus :meth:`evaluate` at ``centre`` on the
-        same ``indices`` (control variates), formed as one: where the n
-        per-datum gradients are formed all at once by vmapped one-datum
-        potentials, one vmapped function evaluates each datum at both points
-        (one gather of its rows), and the differences are pulled back once (a
-        pullback is linear: one n x d by d x d product, not two)."""
-        terms = partial(self._terms, model_args=model_args, model_kwargs=model_kwargs)
-        paired = self.noise and self.plates and self.per_datum == "vmap"
-        if paired:
-            ((name, (_, n, _)),) = self.plates.items()
-            paired = self._rows_per_chunk(z, n) == n
-        if paired:
-            jax.eval_shape(partial(terms, indices=indices), z)  # the sites' checks
-            one = partial(_datum_potential, terms, name)
-            value, grad, rows = _by_vmap_pair(one, z, centre, indices[name], n)
-        else:
-            value, grad, rows = parts_difference(
-                self._at_z(z, indices, model_args, model_kwargs),
-                self._at_z(centre, indices, model_args, model_kwargs),
-            )
+        """:meth:`evaluate` at ``z`` minus at ``centre`` on the same ``indices``
+        (control variates), with vmapped per-datum gradients one function of
+        both points (one gather of a datum's rows) and one (linear) pullback."""
+        value, grad, rows = self._at_z(z, indices, model_args, model_kwargs, centre)
         return (value, *self._pull(grad, rows))
 
-    def _at_z(self, z, indices, model_args, model_kwargs):
-        """:meth:`evaluate` before the pullback: the per-datum gradients all at
-        once (by a Jacobian or vmapped one-datum potentials, as ``per_datum``
-        says), or a chunk at a time where n x d floats would pass the row
-        budget and the noise needs only variances."""
+    def _at_z(self, z, indices, model_args, model_kwargs, centre=None):
+        """:meth:`evaluate` (with ``centre``, :meth:`evaluate_difference`) before
+        the pullback: the per-datum gradients at once (a Jacobian or vmapped
+        one-datum potentials, as ``per_datum`` says), or a chunk at a time where
+        n x d floats pass the row budget and the noise needs only variances."""
         terms = partial(self._terms, model_args=model_args, model_kwargs=model_kwargs)
+        if centre is not None:
+            apart = partial(self._at_z, indices=indices, model_args=model_args)
+            apart = partial(apart, model_kwargs=model_kwargs)
         if not self.noise or not self.plates:
+            if centre is not None:
+                return parts_difference(apart(z), apart(centre))
             value, grad = jax.value_and_grad(partial(_potential, terms, indices))(z)
             return value, grad, None
         ((name, (_, n, _)),) = self.plates.items()
@@ -286,13 +252,18 @@ class MinibatchEstimator(Estimator):
         # one log-density per datum (raises a ValueError naming the site if not).
         jax.eval_shape(partial(terms, indices=indices), z)
         chunk = self._rows_per_chunk(z, n)
+        if centre is not None and (chunk < n or self.per_datum != "vmap"):
+            return parts_difference(apart(z), apart(centre))
         if chunk < n:
             # A pullback mixes the coordinates: the gradients in u are dense.
             budget = self._row_budget() if self.pullback is None else None
             return _streamed(terms, z, indices, name, n, chunk, budget)
         if self.per_datum == "jacobian":
             return _by_jacobian(partial(terms, indices=indices), z, n)
-        return _by_vmap(partial(_datum_potential, terms, name), z, indices[name], n)
+        one = partial(_datum_potential, terms, name)
+        if centre is not None:
+            return _by_vmap_pair(one, z, centre, indices[name], n)
+        return _by_vmap(one, z, indices[name], n)
 
     def summarise(self, value, grad, per_datum_grads, axis_name=None):
         """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
@@ -358,6 +329,10 @@ class MinibatchEstimator(Estimator):
             self._terms, name, size, rebuild, chunk_size, lambda g: self._pull(g)[0]
         )
         return run, arrays
+
+
+def _evaluate_on(est, indices, z, model_args, model_kwargs):
+    return est.evaluate(z, indices, model_args, model_kwargs)
 
 
 def _checked_noise(plates, noise, covariance, per_datum):

@@ -11,14 +11,18 @@ import jax
 import jax.numpy as jnp
 
 from numpyro_sgbd._gathered import gather_of, gathered_rows, trace_gathers
+from numpyro_sgbd.estimators.indices import in_random_order
 
 __all__ = [
     "GatheredRows",
     "StreamedRows",
+    "default_row_budget",
     "gathered_stream",
     "noise_statistics",
+    "noise_subset",
     "parts_difference",
     "pulled_rows",
+    "rows_per_chunk",
 ]
 
 
@@ -224,6 +228,38 @@ def pulled_rows(pullback, rows):
         fn = partial(_pulled_chunk, pullback, rows.fn)
         return StreamedRows(fn, rows.indices, rows.chunk)
     return _pulled_dense(pullback, rows)
+
+
+def default_row_budget():
+    """:attr:`MinibatchEstimator.row_budget`'s default for JAX's default
+    backend: 2**18 floats a chunk on a CPU, 2**22 on an accelerator."""
+    return 2**18 if jax.default_backend() == "cpu" else 2**22
+
+
+def rows_per_chunk(z, n, covariance, budget):
+    """Rows per chunk of the n per-datum gradients at ``z``: ``n`` (all at
+    once, as rows) where the noise form ``covariance`` needs every row
+    (``"lowrank"``, ``"full"``: the factor or the matrix) or they fit ``budget``
+    floats, else the largest divisor of n that does (a :class:`StreamedRows`)."""
+    if covariance in ("lowrank", "full"):
+        return n
+    return _largest_divisor(n, budget // max(_flat_size(z), 1))
+
+
+def noise_subset(rows, m, plates, replace):
+    """The first ``m`` of the dense per-datum gradients ``rows`` of the one
+    subsample plate in ``plates`` (``{name: (size, n, ...)}``) where they are a
+    random sample (:func:`~numpyro_sgbd.estimators.indices.in_random_order`):
+    enough for a noise sd, which the kernels average over steps (a covariance,
+    NOGIN's, is used as it is at each step: its caller passes ``m=None``);
+    ``rows`` otherwise (``m`` None or at least n, streamed rows, several
+    plates)."""
+    if m is None or len(plates) != 1 or isinstance(rows, StreamedRows):
+        return rows
+    ((size, n, *_),) = plates.values()
+    if m >= n or not in_random_order(replace, size, n):
+        return rows
+    return jax.tree.map(lambda r: r[:m], rows)
 
 
 def noise_statistics(rows, n, factor, covariance, total, gather):
