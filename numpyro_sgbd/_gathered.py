@@ -107,11 +107,13 @@ def trace_gathers(term, leaves, index):
     no leaf qualifies.
 
     A leaf qualifies when the term reads it in exactly one place, as the operand
-    of a ``gather`` that takes one slice (one start index: the datum's row), at
-    start indices that do not depend on any parameter; elementwise operations of
-    the leaf alone (its constraining transform) may come between, each with one
-    use. A slice's entries are distinct coordinates, so the datum's gradient in
-    that leaf is the slice's gradient scattered there and nothing else.
+    of a ``gather`` that takes one slice (one start index: the datum's row), or
+    single entries at several start indices (``w[cols[i]]``), at start indices
+    that do not depend on any parameter; elementwise operations of the leaf
+    alone (its constraining transform) may come between, each with one use. The
+    datum's gradient in that leaf is its slices' gradients scattered to where
+    they sit (added where two of its slices start at the same index) and
+    nothing else.
     """
     closed = jax.make_jaxpr(term)(leaves, index)
     jaxpr = closed.jaxpr
@@ -135,7 +137,7 @@ def trace_gathers(term, leaves, index):
             ((k, position),) = uses[v]
             eqn = jaxpr.eqns[k]
             if eqn.primitive.name == "gather":
-                if position == 0 and _one_slice_at_data_indices(eqn, depends):
+                if position == 0 and _slices_at_data_indices(eqn, depends):
                     cuts[k], chains[j] = j, chain
                 break
             if not _commutes_with_slicing(eqn, position):
@@ -145,15 +147,33 @@ def trace_gathers(term, leaves, index):
     return GatherPlan(closed, live, cuts, chains) if cuts else None
 
 
-def _one_slice_at_data_indices(eqn, depends):
-    """Whether a gather takes one slice (one start index: the datum's row) at
-    start indices that do not depend on the parameters."""
+def _slices_at_data_indices(eqn, depends):
+    """Whether a gather reads at start indices that do not depend on the
+    parameters, either one slice (one start index: the datum's row) or single
+    entries along the indexed dimensions at several (the k weights a datum of a
+    sparse or bag-of-words model reads, ``w[cols[i]]``), their slices laid out
+    after the indices in the output (NumPy's indexing), so that two of a datum's
+    slices overlap only where their start indices are equal."""
     start = eqn.invars[1]
     if not isinstance(start, Literal) and start in depends:
         return False
-    if getattr(eqn.params["dimension_numbers"], "operand_batching_dims", ()):
+    numbers = eqn.params["dimension_numbers"]
+    if getattr(numbers, "operand_batching_dims", ()):
         return False
-    return math.prod(start.aval.shape[:-1]) == 1
+    batch = start.aval.shape[:-1]
+    if math.prod(batch) == 1:
+        return True
+    sizes = eqn.params["slice_sizes"]
+    out_rank = len(eqn.outvars[0].aval.shape)
+    return all(sizes[d] == 1 for d in numbers.start_index_map) and tuple(
+        numbers.offset_dims
+    ) == tuple(range(len(batch), out_rank))
+
+
+def several_slices(eqn):
+    """Whether a gather that :func:`trace_gathers` cut reads several slices (so
+    a datum may read one coordinate more than once)."""
+    return math.prod(eqn.invars[1].aval.shape[:-1]) > 1
 
 
 def _evaluate(plan, leaves, index, deltas):

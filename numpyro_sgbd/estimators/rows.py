@@ -6,11 +6,17 @@ coordinate, the noise statistics of a minibatch sum made from them
 (:func:`pulled_rows`)."""
 
 from functools import partial
+import math
 
 import jax
 import jax.numpy as jnp
 
-from numpyro_sgbd._gathered import gather_of, gathered_rows, trace_gathers
+from numpyro_sgbd._gathered import (
+    gather_of,
+    gathered_rows,
+    several_slices,
+    trace_gathers,
+)
 from numpyro_sgbd.estimators.indices import in_random_order
 
 __all__ = [
@@ -151,13 +157,37 @@ class GatheredRows:
 
             scatter = jax.linear_transpose(slices, shape)
             (total,) = scatter(local)
-            (count,) = scatter(jnp.ones_like(local))
             mean = total / n
-            (m2,) = scatter(jnp.square(local - slices(mean)))
+            # A datum that reads a coordinate through several of its slices
+            # counts once there, with the sum of those slices' gradients.
+            local, first = _merged(self.gathers[j], shape.shape, local, starts)
+            (count,) = scatter(first * jnp.ones_like(local))
+            (m2,) = scatter(first * jnp.square(local - slices(mean)))
             means.append(mean)
             m2s.append(m2 + (n - count) * jnp.square(mean))
         unflatten = partial(jax.tree.unflatten, self.treedef)
         return unflatten(means), unflatten(m2s)
+
+
+def _merged(eqn, shape, local, starts):
+    """``(local, first)`` for the moments of a gathered leaf: where the gather
+    ``eqn`` reads several single entries per datum (``w[cols[i]]``), each
+    slice's gradient replaced by the sum over the datum's slices that start at
+    the same (clipped) index, and ``first`` 1 at the first of them, 0 at the
+    others (broadcast over the slices); ``(local, 1.0)`` for one slice per
+    datum."""
+    if not several_slices(eqn):
+        return local, 1.0
+    numbers = eqn.params["dimension_numbers"]
+    n, k, width = local.shape[0], math.prod(starts.shape[1:-1]), starts.shape[-1]
+    highest = jnp.array([shape[d] - 1 for d in numbers.start_index_map])
+    at = jnp.clip(starts.reshape(n, k, width), 0, highest)
+    same = jnp.all(at[:, :, None] == at[:, None, :], -1)  # (n, k, k)
+    flat = local.reshape(n, k, -1)
+    merged = jnp.einsum("nab,nbs->nas", same.astype(flat.dtype), flat)
+    first = ~jnp.any(jnp.tril(same, -1), -1)  # no earlier slice at that index
+    first = jnp.broadcast_to(first[:, :, None], flat.shape).astype(flat.dtype)
+    return merged.reshape(local.shape), first.reshape(local.shape)
 
 
 def gathered_stream(term, z, indices, chunk, row_budget):
