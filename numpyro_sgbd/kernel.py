@@ -279,7 +279,8 @@ class _SGKernel(ModelSide, MCMCKernel):
         else:
             state = init_one(rng_key, z)
             self._sample_impl = self._sample_one
-        if self._num_steps_arg is None and not has_tracer((state, model_args)):
+        # (Traced data or keys make a traced state: nothing to time then.)
+        if self._num_steps_arg is None and not has_tracer(state):
             if steps_per_sample.python_loop(driving_mcmc(self)):
                 args = (self._sample_impl, state, model_args, model_kwargs)
                 k = steps_per_sample.for_run(self._bar_steps, type(self), *args)

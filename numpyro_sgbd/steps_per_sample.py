@@ -3,7 +3,7 @@ its default (``None``).
 
 NumPyro's ``MCMC`` with ``progress_bar=True`` (its default) drives the chain from
 a Python loop: one dispatch of its compiled body, a collection update and the
-bar's refresh per sample, 0.1 to 0.2 ms on a CPU whatever the step costs. An SG
+bar's refresh per sample, 0.1 to 0.3 ms on a CPU whatever the step costs. An SG
 step on a minibatch of a thousand rows costs tens of µs, so with one step per
 sample the loop was 80 to 90 % of the run (``benchmarks/run.py``, section (g)).
 So where NumPyro's Python loop drives the kernel and the user gave no
