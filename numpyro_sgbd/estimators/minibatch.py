@@ -185,8 +185,7 @@ class MinibatchEstimator(Estimator):
         # NumPy data cannot be indexed by the traced minibatch indices (X[idx]);
         # as JAX arrays they can, and jit embeds them as it would anyway.
         model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
-        local = _evaluate_on  # each shard's estimator on its own indices
-        return self.map_shards(local, rng_key, z, model_args, model_kwargs)
+        return self.map_shards(_evaluate_on, rng_key, z, model_args, model_kwargs)
 
     def map_shards(self, local, rng_key, operand, model_args, model_kwargs):
         """The :class:`GradientEstimate` of ``local(estimator, indices, operand,
@@ -332,6 +331,8 @@ class MinibatchEstimator(Estimator):
 
 
 def _evaluate_on(est, indices, z, model_args, model_kwargs):
+    """:meth:`MinibatchEstimator.evaluate` in :meth:`~MinibatchEstimator.map_shards`'
+    argument order (each shard's estimator on its own indices)."""
     return est.evaluate(z, indices, model_args, model_kwargs)
 
 
@@ -422,9 +423,7 @@ def _by_vmap(one, z, idx, n):
     covariances, differences between two points on the same indices) do not
     see."""
     values, grads = jax.vmap(jax.value_and_grad(one), (None, 0))(z, idx)
-    grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
-    per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
-    return jnp.mean(values), grad, per_datum_grads
+    return _reduced(values, grads, n)
 
 
 def _by_vmap_pair(one, z, centre, idx, n):
@@ -437,10 +436,15 @@ def _by_vmap_pair(one, z, centre, idx, n):
         value_c, grad_c = jax.value_and_grad(one)(centre, i)
         return value - value_c, jax.tree.map(jnp.subtract, grad, grad_c)
 
-    values, grads = jax.vmap(both)(idx)
+    return _reduced(*jax.vmap(both)(idx), n)
+
+
+def _reduced(values, grads, n):
+    """The n one-datum potentials ``values`` and their gradients ``grads`` as
+    ``(potential, gradient, per-datum gradients)``: the means, and ``-grad /
+    n`` for the rows (see :func:`_by_vmap`)."""
     grad = jax.tree.map(lambda g: jnp.mean(g, 0), grads)
-    per_datum_grads = jax.tree.map(lambda g: -g / n, grads)
-    return jnp.mean(values), grad, per_datum_grads
+    return jnp.mean(values), grad, jax.tree.map(lambda g: -g / n, grads)
 
 
 def _identity(x):
