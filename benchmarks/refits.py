@@ -15,9 +15,21 @@ the posterior mean from the full-data mode of that fit's data (searched
 separately), in posterior sds: a fit that sampled another data set's posterior
 shows there. The last line gives the mean of the fits after the first / the
 first (issue 45's target: 1/5 or less).
+
+The kernel compiles its set-up's programs and its initial state once per data
+shape (the state carries L and the centre), but NumPyro compiles its sampling
+loop on every ``run``. ``--cache`` names a directory for JAX's persistent
+compilation cache, which then serves that loop to the later fits; JAX stores no
+program that calls the host, so with the run checks on (the default) the loop is
+compiled every fit all the same: ``--checks-off`` runs the fits inside
+``numpyro_sgbd.monitoring.off()`` (no warnings, no convergence check), the
+pattern docs/usage.rst gives for simulation-based calibration.
+
+    python benchmarks/refits.py --cache /tmp/jax-cache --checks-off
 """
 
 import argparse
+import contextlib
 import time
 import warnings
 
@@ -30,6 +42,7 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 
 from numpyro_sgbd import SGBD, SGLD, posterior_mode
+from numpyro_sgbd.monitoring import off as monitoring_off
 
 SAMPLERS = {"SGLD": SGLD, "SGBD": SGBD}
 
@@ -94,6 +107,28 @@ def fits(cls, num_fits, same_mcmc):
     return rows
 
 
+def add_pattern_options(parser):
+    """``--cache DIR`` and ``--checks-off``: the repeated-fit pattern of
+    docs/usage.rst (also for benchmarks/sbc_simuk.py)."""
+    parser.add_argument(
+        "--cache", help="a new directory for JAX's persistent compilation cache"
+    )
+    parser.add_argument(
+        "--checks-off",
+        action="store_true",
+        help="run the fits inside numpyro_sgbd.monitoring.off()",
+    )
+
+
+def pattern(args):
+    """Turn on the persistent cache where ``args.cache`` names one; a context
+    in which the fits run (without the run checks with ``args.checks_off``)."""
+    if args.cache:
+        jax.config.update("jax_compilation_cache_dir", args.cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    return monitoring_off() if args.checks_off else contextlib.nullcontext()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--fits", type=int, default=5)
@@ -101,10 +136,12 @@ def main(argv=None):
     parser.add_argument(
         "--new-mcmc", action="store_true", help="a new MCMC object for each fit"
     )
+    add_pattern_options(parser)
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # short runs: the convergence check speaks
-    for name in args.samplers:
-        fits(SAMPLERS[name], args.fits, same_mcmc=not args.new_mcmc)
+    with pattern(args):
+        for name in args.samplers:
+            fits(SAMPLERS[name], args.fits, same_mcmc=not args.new_mcmc)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,15 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
 from numpyro_sgbd import advice, core, preconditioning, steps_per_sample
-from numpyro_sgbd.estimators import Centre
+from numpyro_sgbd.estimators import Centre, with_setup
 from numpyro_sgbd.model_side import ModelSide
 from numpyro_sgbd.monitoring import Monitor, wall_time
-from numpyro_sgbd.monitoring.run import after_sample, check_closed_over, start_trace
+from numpyro_sgbd.monitoring.run import (
+    Monitored,
+    after_sample,
+    check_closed_over,
+    start_trace,
+)
 from numpyro_sgbd.monitoring.trace import driving_mcmc
 from numpyro_sgbd.options import (
     _per_site,
@@ -49,7 +54,7 @@ logger = logging.getLogger("numpyro_sgbd")
 _PROGRAMS = ("init", "init_params", "postprocess", "start")
 
 
-class _SGKernel(ModelSide, MCMCKernel):
+class _SGKernel(ModelSide, Monitored, MCMCKernel):
     """The one adapter from NumPyro models (or potentials, or noisy gradients) to
     the pure update rules: ``init``, ``sample``, ``postprocess_fn``, diagnostics
     and pickling. The step is the core's (:func:`core.build_kernel`) for the
@@ -180,8 +185,9 @@ class _SGKernel(ModelSide, MCMCKernel):
         return core.noise_step_bound(self._family(), largest)
 
     # ------------------------------------------------------------- the core
-    def _adaptation(self):
-        """The warmup adaptation as the core's value (:class:`core.Adaptation`)."""
+    def _adaptation(self, preconditioner):
+        """The warmup adaptation as the core's value (:class:`core.Adaptation`),
+        with ``preconditioner`` (a chain's, from its state)."""
         return core.Adaptation(
             num_warmup=self._num_warmup,
             scale_windows=(
@@ -194,26 +200,29 @@ class _SGKernel(ModelSide, MCMCKernel):
             scale_max=self._SCALE_MAX,
             fixed_step=self._step_size,
             adapt_mass=self._adapt_mass,
-            preconditioner=self.preconditioner,
+            preconditioner=preconditioner,
         )
 
-    def _kernel_fns(self):
+    def _kernel_fns(self, values):
         """The core's ``(init_kernel, sample_kernel)`` for this kernel's family,
-        estimator and adaptation (:func:`core.build_kernel`)."""
+        estimator and adaptation (:func:`core.build_kernel`), reading L and the
+        centre from ``values`` (a chain's ``state.setup``)."""
+        estimator = with_setup(self._estimator, values)
         return core.build_kernel(
             self._family(),
-            self._estimator.estimate,
-            self._estimator.initial_centre,
-            self._adaptation(),
+            estimator.estimate,
+            estimator.initial_centre,
+            self._adaptation(values.preconditioner),
             bound=lambda family, largest: self._noise_step_bound(largest),
             allowed=self._step_allowed,
         )
 
-    def _init_state(self, rng_key, z, model_args, model_kwargs):
-        return self._kernel_fns()[0](rng_key, z, model_args, model_kwargs)
+    def _init_state(self, rng_key, z, model_args, model_kwargs, values):
+        state = self._kernel_fns(values)[0](rng_key, z, model_args, model_kwargs)
+        return state._replace(setup=values)
 
     def _sample_one(self, state, model_args, model_kwargs):
-        return self._kernel_fns()[1](state, model_args, model_kwargs)
+        return self._kernel_fns(state.setup)[1](state, model_args, model_kwargs)
 
     @property
     def num_steps(self):
@@ -228,22 +237,6 @@ class _SGKernel(ModelSide, MCMCKernel):
         over their leading axis when ``init`` was given several), without the
         host-side checks of :meth:`sample`; ``None`` before ``init``."""
         return self._sample_impl
-
-    @property
-    def run_warnings(self):
-        """The kinds of warning the last run gave (``"nonfinite"``, ``"step"``,
-        ``"drift"``, ``"stall"``, ``"convergence"``), in order."""
-        return self._monitor.run_warnings
-
-    @run_warnings.setter
-    def run_warnings(self, kinds):
-        self._monitor.run_warnings = tuple(kinds)
-
-    @property
-    def convergence(self):
-        """After an ``MCMC`` run: the convergence check's numbers (see
-        :func:`~numpyro_sgbd.monitoring.report`), or ``None``."""
-        return self._monitor.convergence
 
     # ------------------------------------------------------------------ MCMC API
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):

@@ -13,8 +13,11 @@ from numpyro import handlers
 from numpyro.infer.util import ParamInfo, constrain_fn
 from numpyro.util import identity
 
-from numpyro_sgbd.estimators import CustomEstimator, PotentialEstimator
-from numpyro_sgbd.monitoring.trace import driving_mcmc
+from numpyro_sgbd.estimators import (
+    ControlVariateEstimator,
+    CustomEstimator,
+    PotentialEstimator,
+)
 from numpyro_sgbd.prepare import (
     CentreRequest,
     Request,
@@ -24,6 +27,7 @@ from numpyro_sgbd.prepare import (
     prepare,
 )
 from numpyro_sgbd.setup import Setup
+from numpyro_sgbd.state import SetupArrays
 
 __all__ = ["ModelSide"]
 
@@ -78,7 +82,6 @@ class ModelSide:
                 f"Setup), got {type(setup).__name__}."
             )
         self._setup = setup
-        self._programs["init"].clear()
 
     @property
     def preconditioner(self):
@@ -151,12 +154,19 @@ class ModelSide:
         info = prepared.info
         self._plates, self._z_shapes = info.plates, info.shapes
         self._plate_deterministic = info.deterministic
-        if prepared.setup is not self._setup:
-            _forget_compiled_loop(self)
         self._setup, self._estimator = prepared.setup, prepared.estimator
         self.log_likelihood_indices = prepared.log_likelihood_indices
-        if prepared.new_centre:  # the compiled initial state holds the old one
-            self._programs["init"].clear()
+
+    def _setup_arrays(self):
+        """The set-up the step reads, as the arrays a chain's state carries
+        (:class:`~numpyro_sgbd.state.SetupArrays`): L and the control variates'
+        fixed centre. Every leaf an array, so that a later run's set-up is an
+        argument of the programs compiled for the first, not a constant."""
+        est, centre = self._estimator, None
+        if isinstance(est, ControlVariateEstimator) and est.centre is not None:
+            centre = (est.centre, est.centre_potential, est.centre_grad)
+            centre = jax.tree.map(jnp.asarray, centre)
+        return SetupArrays(self.preconditioner, centre)
 
     def _choose(self, plates, shapes):
         """``(noise_form, gradient)`` for these plates: the noise the sampler's
@@ -238,17 +248,20 @@ class ModelSide:
         self._check_probe(probe, one_z)
 
     def _cached_init(self, model_args, model_kwargs):
-        """The compiled initial-state function for these model arguments."""
+        """The compiled initial-state function for these model arguments, with
+        the set-up's arrays among its arguments: kept for later data of the same
+        shapes."""
 
         def make(rebuild):
             def init_from_arrays(rng_key, z, arrays):
-                args, kwargs = rebuild(arrays)
-                return self._init_state(rng_key, z, args, kwargs)
+                args, kwargs, values = rebuild(arrays)
+                return self._init_state(rng_key, z, args, kwargs, values)
 
             return init_from_arrays
 
         programs = self._programs["init"]
-        fn, arrays = programs.over_data(make, model_args, model_kwargs)
+        values = self._setup_arrays()
+        fn, arrays = programs.over_data(make, model_args, model_kwargs, values)
         return lambda rng_key, z: fn(rng_key, z, arrays)
 
     def _recentre(self, state, model_args, model_kwargs):
@@ -287,21 +300,3 @@ class ModelSide:
         programs = self._programs["postprocess"]
         fn, arrays = programs.over_data(make, model_args, model_kwargs)
         return lambda z: fn(z, arrays)
-
-
-def _forget_compiled_loop(kernel):
-    """Make the ``MCMC`` running ``kernel`` trace its sampling loop again.
-
-    With ``jit_model_args=True`` NumPyro keeps one compiled loop per ``MCMC``
-    object and reuses it for every later ``run``, whatever the data: the data
-    are its arguments. The kernel's step closes over its set-up (the control
-    variates' centre with the full-data gradient there, the preconditioner),
-    found from the data, so a loop traced with an earlier data set's set-up
-    would sample around the old centre (a second ``run`` on new data of the
-    same shapes returned the first data's posterior). NumPyro's cache of the
-    loop is ``MCMC._cache``; emptying it when the set-up changes makes the next
-    loop trace with the new one."""
-    mcmc = driving_mcmc(kernel)
-    cache = getattr(mcmc, "_cache", None)
-    if isinstance(cache, dict):
-        cache.clear()

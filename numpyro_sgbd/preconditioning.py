@@ -126,6 +126,15 @@ class Preconditioner(NamedTuple):
         return self.loc + self.move(u)
 
 
+# A pytree whose form is static: a chain's state carries L (its ``setup``
+# field) through jit, vmap and NumPyro's loop, where a string leaf cannot go.
+jax.tree_util.register_pytree_node(
+    Preconditioner,
+    lambda pre: (tuple(pre)[1:], pre.form),
+    lambda form, arrays: Preconditioner(form, *arrays),
+)
+
+
 #: The fewest rows :func:`noise_rows` lets the noise sd in u come from.
 NOISE_ROWS_MIN = 128
 

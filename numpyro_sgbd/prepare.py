@@ -93,13 +93,14 @@ class Programs:
             self._key, self._fn = key, jit_once(build())
         return self._fn
 
-    def over_data(self, make, model_args, model_kwargs):
+    def over_data(self, make, *trees):
         """``(fn, arrays)``: ``make(rebuild)`` compiled, whose last argument is
-        the array leaves of the model arguments, and those arrays. The arrays are
-        passed as arguments (data embedded as constants makes XLA compile slowly,
-        and anew for every kernel); the other leaves (ints such as a subsample
-        size) stay static, put back by ``rebuild``."""
-        arrays, rebuild, key = split_arrays((model_args, model_kwargs))
+        the array leaves of ``trees`` (the model arguments, and what else the
+        program reads from the data), and those arrays. The arrays are passed as
+        arguments (data embedded as constants makes XLA compile slowly, and anew
+        for every kernel); the other leaves (ints such as a subsample size) stay
+        static, put back by ``rebuild``."""
+        arrays, rebuild, key = split_arrays(trees)
         return self.get(key, lambda: make(rebuild)), arrays
 
     def clear(self):
@@ -242,17 +243,15 @@ class CentreRequest(NamedTuple):
 
 
 def control_variates(plain, setup, request, model, shapes, model_args, model_kwargs):
-    """``(estimator, setup, found)``: the control-variate estimator around the
-    given or searched centre, with the full-data potential and gradient there
-    computed once in chunks (:func:`~numpyro_sgbd.setup.find_centre`), the set-up
-    with the centre kept per dataset, and whether a new centre was kept there (a
-    compiled initial state holding the old one must go)."""
+    """``(estimator, setup)``: the control-variate estimator around the given or
+    searched centre, with the full-data potential and gradient there computed
+    once in chunks (:func:`~numpyro_sgbd.setup.find_centre`), and the set-up
+    with the centre kept per dataset."""
     if len(plain.plates) != 1:
         raise ValueError(
             "gradient='control_variates' needs exactly one subsample plate; the "
             f"model subsamples {sorted(plain.plates) or 'none'}."
         )
-    found = False
     if request.centre is None and request.recentre_every is not None:
         # Re-centring from each chain's initial position: no search; the centres
         # live in the state.
@@ -269,9 +268,6 @@ def control_variates(plain, setup, request, model, shapes, model_args, model_kwa
             setup, (centre, potential, grad) = _new_centre(
                 plain, setup, request, model, shapes, model_args, model_kwargs
             )
-            # Kept unless abstract (a kernel set up inside a transform), where a
-            # program compiled for it must not outlive the transform either.
-            found = setup.centre is not cached
     estimator = ControlVariateEstimator(
         plain,
         centre=centre,
@@ -280,7 +276,7 @@ def control_variates(plain, setup, request, model, shapes, model_args, model_kwa
         recentre_every=request.recentre_every,
         chunk_size=request.chunk_size,
     )
-    return estimator, setup, found
+    return estimator, setup
 
 
 def _new_centre(plain, setup, request, model, shapes, model_args, model_kwargs):
@@ -342,15 +338,12 @@ class Prepared(NamedTuple):
     :ivar Setup setup: the full-data mode, the preconditioner and the centre.
     :ivar estimator: the gradient estimator (:mod:`numpyro_sgbd.estimators`).
     :ivar dict log_likelihood_indices: the fixed evaluation rows per plate.
-    :ivar bool new_centre: whether a new centre was kept in the set-up (a
-        compiled initial state holding the old one must go).
     """
 
     info: ModelInfo
     setup: Setup
     estimator: Any
     log_likelihood_indices: dict
-    new_centre: bool
 
 
 def prepare(model, model_args, model_kwargs, request, setup, choose):
@@ -376,9 +369,8 @@ def prepare(model, model_args, model_kwargs, request, setup, choose):
         preconditioner=setup.preconditioner,
         sharding=sharding,
     )
-    new_centre = False
     if gradient == "control_variates":
-        estimator, setup, new_centre = control_variates(
+        estimator, setup = control_variates(
             estimator,
             setup,
             request.centre,
@@ -388,7 +380,7 @@ def prepare(model, model_args, model_kwargs, request, setup, choose):
             model_kwargs,
         )
     indices = evaluation_indices(info.plates, request.log_likelihood_size)
-    return Prepared(info, setup, estimator, indices, new_centre)
+    return Prepared(info, setup, estimator, indices)
 
 
 def find_setup(setup, model, model_args, model_kwargs, shapes, request, traced):

@@ -2,8 +2,30 @@
 for a sampler's own (with its statistics and its family's state)."""
 
 from collections import namedtuple
+from typing import Any, NamedTuple
 
-__all__ = ["SGState", "family_state"]
+__all__ = ["SGState", "SetupArrays", "family_state"]
+
+
+class SetupArrays(NamedTuple):
+    """The arrays of a kernel's set-up that its step reads, carried in each
+    chain's state (its ``setup`` field) rather than closed over: a step compiled
+    once serves every data set of the same shapes (a refit, a fold, a simulation
+    of simulation-based calibration), and NumPyro's compiled loop with it.
+
+    :ivar preconditioner: the
+        :class:`~numpyro_sgbd.preconditioning.Preconditioner` z = z_hat + L u
+        (its form a static part of the tree), or ``None``.
+    :ivar centre: ``(z_hat, U(z_hat), grad U(z_hat))``: the control variates'
+        fixed centre (unconstrained, by site), the full-data potential there and
+        its gradient (flat in u with a preconditioner), or ``None`` (no control
+        variates, or centres that move with ``recentre_every``: then in the
+        state's ``centre``).
+    """
+
+    preconditioner: Any = None
+    centre: Any = None
+
 
 #: The fields every kernel's state on :class:`_FamilyKernel` has, in order; a
 #: sampler's own statistics (``kinetic_energy``, ``thermostat``, ...) go between
@@ -25,6 +47,7 @@ _FAMILY_TAIL = (
     "scale",
     "aux",
     "trace",
+    "setup",
 )
 
 
@@ -39,7 +62,7 @@ def family_state(name, statistics=(), *, module=None):
     return namedtuple(
         name,
         _FAMILY_HEAD + tuple(statistics) + _FAMILY_TAIL,
-        defaults=(None, None, None, None),
+        defaults=(None, None, None, None, None),
         module=module,
     )
 
@@ -88,6 +111,10 @@ four sampler statistics ``potential_energy_estimate``, ``mean_noise_sd``,
  - **trace** - when NumPyro's ``MCMC`` runs the kernel, the thinned sampling
    draws its convergence check reads at the end of the run
    (:class:`~numpyro_sgbd.monitoring.Trace`); ``None`` otherwise.
+ - **setup** - the preconditioner and the control variates' centre the step
+   reads (:class:`SetupArrays`), found by ``init`` from the data: kept in the
+   state so that the compiled step and NumPyro's compiled loop serve a later run
+   on new data of the same shapes without compiling again.
 
 With a preconditioner (``z = z_hat + L u``, see :mod:`numpyro_sgbd.preconditioning`)
 ``z`` stays in the model's unconstrained space while ``z_grad`` and ``noise_sd`` are

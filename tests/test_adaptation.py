@@ -401,6 +401,38 @@ def test_a_second_init_on_the_same_data_compiles_nothing(kernel_name, caplog):
     assert not np.array_equal(np.asarray(first.z["b"]), np.asarray(again.z["b"]))
 
 
+@pytest.mark.parametrize("kernel_name", ["SGLD", "NOGIN"])
+def test_new_data_of_the_same_shapes_reuse_the_compiled_init_and_step(
+    kernel_name, caplog
+):
+    """Issue 45, item 3: a refit. ``init`` on new data of the same shapes
+    compiles only the mode search's objective (new data, so a new mode, L and
+    centre, which the state carries), and the step jitted for the first data's
+    state serves the second's: reading L and the centre from the state, not
+    from constants, it gives the step of the new set-up (a step that closed
+    over the first set-up would move the second chain by the first data's
+    gradient at their centre)."""
+    kernel = KERNELS[kernel_name](regression)
+    first = kernel.init(random.key(0), 50, None, (X, Y), {})
+    step = jax.jit(kernel.sample_kernel)
+    jax.block_until_ready(step(first, (X, Y), {}))
+    y2 = Y + 3.0 * X[:, 0]  # b[0] moves by 3: another mode, L and centre
+    with jax.log_compiles(True), caplog.at_level("WARNING", logger="jax"):
+        again = kernel.init(random.key(1), 50, None, (X, y2), {})
+        moved = jax.block_until_ready(step(again, (X, y2), {}))
+    compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    assert not [c for c in compiled if "init_from_arrays" in c or "start" in c]
+    assert not [c for c in compiled if "sample" in c], compiled
+    mode = np.asarray(kernel.setup.mode["b"])
+    assert np.allclose(np.asarray(again.setup.preconditioner.loc), mode)
+    assert not np.allclose(np.asarray(first.setup.preconditioner.loc), mode)
+    # The jitted step on the new state is the new kernel's step, eagerly.
+    eager = kernel.sample_kernel(again, (X, y2), {})
+    np.testing.assert_allclose(
+        np.asarray(moved.z["b"]), np.asarray(eager.z["b"]), rtol=1e-4, atol=1e-5
+    )
+
+
 def test_the_advice_leaves_out_what_is_in_force():
     """The warnings' remedies come from the run: with control variates, adaptation
     and a large N on (the default path), the step warning advises neither control

@@ -59,7 +59,7 @@ def test_prepare_returns_one_record_and_reuses_its_setup(data, monkeypatch):
     assert prepared.info.shapes == {"theta": (2,)}
     assert isinstance(prepared.estimator, ControlVariateEstimator)
     assert prepared.setup.preconditioner is not None
-    assert prepared.setup.centre is not None and prepared.new_centre
+    assert prepared.setup.centre is not None
     assert prepared.log_likelihood_indices["N"].shape == (50,)
     with pytest.raises(AttributeError):
         prepared.setup = Setup()  # a value, not a holder
@@ -68,7 +68,7 @@ def test_prepare_returns_one_record_and_reuses_its_setup(data, monkeypatch):
     again = prepare(logistic, data, {}, _request(), prepared.setup, choose)
     assert searches == [1]  # the mode and L for these data were in the set-up
     assert again.setup.preconditioner is prepared.setup.preconditioner
-    assert not again.new_centre  # nor the centre
+    assert again.setup.centre is prepared.setup.centre  # nor the centre
 
 
 def test_prepare_without_a_preconditioner_finds_no_mode(data):

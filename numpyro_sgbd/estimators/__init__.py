@@ -43,6 +43,7 @@ from numpyro_sgbd.estimators.compiled import (
 from numpyro_sgbd.estimators.control_variates import (
     ControlVariateEstimator,
     unconstrained_centre,
+    with_setup,
 )
 from numpyro_sgbd.estimators.indices import (
     AUTO_REPLACE_RATIO,
@@ -75,4 +76,5 @@ __all__ = [
     "resolve_replace",
     "split_arrays",
     "unconstrained_centre",
+    "with_setup",
 ]

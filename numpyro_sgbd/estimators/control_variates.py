@@ -1,6 +1,9 @@
 """The minibatch gradient with control variates around a centre, which the chain
 may move during warmup (:class:`ControlVariateEstimator`), and a user's centre
-checked and unconstrained (:func:`unconstrained_centre`)."""
+checked and unconstrained (:func:`unconstrained_centre`), and an estimator
+bound to a set-up's arrays (:func:`with_setup`)."""
+
+import copy
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +14,7 @@ from numpyro_sgbd.estimators.compiled import as_jax_arrays
 from numpyro_sgbd.estimators.minibatch import MinibatchEstimator
 from numpyro_sgbd.estimators.rows import parts_difference
 
-__all__ = ["ControlVariateEstimator", "unconstrained_centre"]
+__all__ = ["ControlVariateEstimator", "unconstrained_centre", "with_setup"]
 
 
 class ControlVariateEstimator(Estimator):
@@ -264,3 +267,35 @@ def unconstrained_centre(centre, trace, shapes):
             )
         out[name] = z
     return out
+
+
+def with_setup(estimator, setup):
+    """``estimator`` reading the set-up from ``setup``'s arrays (a chain's
+    :class:`~numpyro_sgbd.state.SetupArrays`: ``preconditioner`` and
+    ``centre``): a copy whose pullback ``g -> L' g`` (of a
+    :class:`MinibatchEstimator`, and of the one it wraps or runs on each shard)
+    is L's where there is a preconditioner, and whose fixed centre ``(z_hat,
+    U(z_hat), grad U(z_hat))`` (of a :class:`ControlVariateEstimator`) is
+    ``setup.centre`` where that is not ``None``.
+
+    The kernels call it inside their compiled step with the arrays a chain's
+    state carries, so that the step reads L and the centre as arguments rather
+    than constants. Other estimators are returned as they are."""
+    pre = setup.preconditioner
+    return _bound(estimator, None if pre is None else pre.pull, setup.centre)
+
+
+def _bound(estimator, pullback, centre):
+    if isinstance(estimator, ControlVariateEstimator):
+        bound = copy.copy(estimator)
+        bound.estimator = _bound(estimator.estimator, pullback, None)
+        if centre is not None:
+            bound.centre, bound.centre_potential, bound.centre_grad = centre
+        return bound
+    if isinstance(estimator, MinibatchEstimator) and pullback is not None:
+        bound = copy.copy(estimator)
+        bound.pullback = pullback
+        if estimator.local is not None:
+            bound.local = _bound(estimator.local, pullback, None)
+        return bound
+    return estimator

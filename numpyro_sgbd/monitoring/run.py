@@ -32,6 +32,7 @@ from numpyro_sgbd.monitoring.trace import (
 
 __all__ = [
     "CONSTANT_DATA_WARN_BYTES",
+    "Monitored",
     "after_sample",
     "check_closed_over",
     "start_trace",
@@ -40,6 +41,27 @@ __all__ = [
 #: Data larger than this, compiled into NumPyro's sampling loop as constants
 #: (``jit_model_args=False``), draw a warning naming ``jit_model_args=True``.
 CONSTANT_DATA_WARN_BYTES = 64 * 2**20
+
+
+class Monitored:
+    """What a kernel's run checks found, on the kernel: a base of the kernels,
+    whose :class:`~numpyro_sgbd.monitoring.notes.Monitor` is ``_monitor``."""
+
+    @property
+    def run_warnings(self):
+        """The kinds of warning the last run gave (``"nonfinite"``, ``"step"``,
+        ``"drift"``, ``"stall"``, ``"convergence"``), in order."""
+        return self._monitor.run_warnings
+
+    @run_warnings.setter
+    def run_warnings(self, kinds):
+        self._monitor.run_warnings = tuple(kinds)
+
+    @property
+    def convergence(self):
+        """After an ``MCMC`` run: the convergence check's numbers (see
+        :func:`~numpyro_sgbd.monitoring.report`), or ``None``."""
+        return self._monitor.convergence
 
 
 def start_trace(kernel, state, one_z):

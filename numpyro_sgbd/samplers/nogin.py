@@ -38,8 +38,9 @@ NOGINState = namedtuple(
         "step_size",
         "scale",
         "trace",
+        "setup",
     ],
-    defaults=(None, None, None),
+    defaults=(None, None, None, None),
 )
 NOGINState.__doc__ = """
 State of :class:`NOGIN`. The scalar fields can be collected with
@@ -66,6 +67,8 @@ State of :class:`NOGIN`. The scalar fields can be collected with
  - **step_size**, **scale** - as for :class:`SGState`; with ``scale`` the mass in
    u is ``mass / s**2``.
  - **trace** - the convergence check's draws (see :class:`SGState`).
+ - **setup** - the preconditioner and centre the step reads (see
+   :class:`SGState`).
 """
 
 # noise_damping above which the gradient noise, not the step, sets the

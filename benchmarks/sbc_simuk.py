@@ -1,0 +1,128 @@
+"""Simulation-based calibration with arviz-devs' simuk, which takes our kernels
+as they are: the seconds of each fit, the first against the later ones, and the
+ranks' uniformity.
+
+    python benchmarks/sbc_simuk.py                      # SGLD, 30 simulations
+    python benchmarks/sbc_simuk.py --cache /tmp/jax-cache --checks-off
+
+Needs Python >= 3.12 and ``pip install simuk`` (simuk needs ArviZ 1.x); not a
+test dependency. A logistic regression (2,000 rows, 3 coefficients with N(0, 1)
+priors, n = 100) run by ``SGLD(model)`` (or ``--sampler SGBD``) with 500 + 2,000
+samples and ``jit_model_args=True``; simuk draws the coefficients from the
+prior and our simulator draws the 2,000 labels (simuk's prior predictive of a
+subsample plate would draw only n of them). ``--cache`` names a directory
+(give a new one) for JAX's persistent compilation cache and ``--checks-off``
+runs the simulations inside ``numpyro_sgbd.monitoring.off()``: the pattern
+docs/usage.rst gives for repeated fits. Printed: each fit's seconds (simuk's
+``MCMC`` and ``run`` and the conversion to ArviZ), the mean of the later fits
+over the first (issue 45's target: 1/5 or less), and per coefficient the
+chi-square p-value of its ranks in 10 bins (uniform ranks: a calibrated
+sampler).
+
+Each fit is timed by wrapping the SBC object's method that runs one fit
+(``_get_posterior_samples_numpyro`` in simuk 0.3), a private name of simuk's:
+a later simuk may rename it, and then this script says so.
+"""
+
+import argparse
+import time
+import warnings
+
+import jax
+from jax import random
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from refits import add_pattern_options, pattern  # benchmarks/refits.py
+from scipy import stats
+
+from numpyro_sgbd import SGBD, SGLD
+
+SAMPLERS = {"SGLD": SGLD, "SGBD": SGBD}
+N, D = 2000, 3
+NUM_SAMPLES = 2000
+
+
+def model(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=100) as idx:
+        obs = None if y is None else y[idx]
+        numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=obs)
+
+
+def run(sampler, num_simulations):
+    import simuk
+
+    X = random.normal(random.key(0), (N, D))
+
+    def simulator(w, seed):
+        p = jax.nn.sigmoid(X @ w)
+        y = random.bernoulli(random.PRNGKey(seed), p)
+        return {"y": np.asarray(y, np.float32)}
+
+    sbc = simuk.SBC(
+        SAMPLERS[sampler](model),
+        simulator=simulator,
+        num_simulations=num_simulations,
+        data_dir={"X": X, "y": jnp.zeros(N)},
+        sample_kwargs={
+            "num_warmup": 500,
+            "num_samples": NUM_SAMPLES,
+            "jit_model_args": True,
+            "progress_bar": False,
+        },
+        seed=0,
+        progress_bar=False,
+    )
+    one_fit = getattr(sbc, "_get_posterior_samples_numpyro", None)
+    if one_fit is None:
+        raise SystemExit(
+            "this simuk has no _get_posterior_samples_numpyro to time: see the "
+            "docstring"
+        )
+    seconds = []
+
+    def timed(draw):
+        start = time.perf_counter()
+        out = one_fit(draw)
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    sbc._get_posterior_samples_numpyro = timed
+    sbc.run_simulations()
+    return sbc, seconds
+
+
+def rank_p_values(sbc, bins=10):
+    """Per coefficient, the chi-square p-value of its ranks in ``bins`` bins."""
+    ranks = np.asarray(sbc.simulations["prior_sbc"]["w"]).reshape(-1, D)
+    top = NUM_SAMPLES + 1  # a rank is how many of the draws lie below the truth
+    values = []
+    for k in range(D):
+        counts = np.histogram(ranks[:, k], bins=bins, range=(0, top))[0]
+        values.append(stats.chisquare(counts).pvalue)
+    return values
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--simulations", type=int, default=30)
+    parser.add_argument("--sampler", choices=list(SAMPLERS), default="SGLD")
+    add_pattern_options(parser)
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")  # short runs: the convergence check speaks
+    with pattern(args):
+        sbc, seconds = run(args.sampler, args.simulations)
+    later = float(np.mean(seconds[1:]))
+    print("fits (s):", " ".join(f"{s:.2f}" for s in seconds))
+    print(
+        f"{args.sampler}: fits after the first {later:.2f} s / the first "
+        f"{seconds[0]:.2f} s = {later / seconds[0]:.2f}"
+    )
+    p = ", ".join(f"w[{k}] {v:.2f}" for k, v in enumerate(rank_p_values(sbc)))
+    print(f"ranks' chi-square p-values (10 bins): {p}")
+
+
+if __name__ == "__main__":
+    main()
