@@ -33,21 +33,21 @@ from numpyro_sgbd.tuning.arguments import (  # noqa: F401 (public here as before
     plate_choice,
     sampler_grids,
 )
+from numpyro_sgbd.tuning.budget import Deadline, arms_per_round, check_budget
 from numpyro_sgbd.tuning.chains import (
     Problem,
     Recording,
     Records,
     Shared,
-    _Draws,  # noqa: F401 (the tests read these here)
-    _full_scores,  # noqa: F401
-    alone,
-    check_budget,
-    compile_programs,
-    discrepancy,
+    _Draws,  # noqa: F401 (the tests read it here)
     ready_groups,
     run_groups,
     shared_setup,
     winner_kernel,
+)
+from numpyro_sgbd.tuning.scoring import (
+    Scorer,
+    _full_scores,  # noqa: F401 (the tests read it here)
 )
 
 __all__ = ["Arm", "TuneResult", "tune"]
@@ -272,7 +272,7 @@ def tune(
     ...     with numpyro.plate("data", y.shape[0], subsample_size=32) as idx:
     ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
     >>> y = 1.0 + jax.random.normal(jax.random.key(0), (2000,))
-    >>> result = tune(model, y, budget=2.0, samplers=["SGLD"],
+    >>> result = tune(model, y, budget=12.0, samplers=["SGLD"],
     ...               gradients=["minibatch"], subsample_sizes=[32],
     ...               step_sizes=[0.4, 1e-3, 1e-5])
     >>> result.arm.step_size  # 1e-3 barely moves; 1e-5 not at all
@@ -283,6 +283,7 @@ def tune(
     >>> bool(abs(mcmc.get_samples()["mu"].mean() - y.mean()) < 0.05)
     True
     """
+    started = time.perf_counter()  # the budget runs from here
     settings = check_settings(
         Settings(
             budget,
@@ -304,28 +305,34 @@ def tune(
     arms = _arms(entries, grids, choice)
     rounds = _num_rounds(len(arms), settings.eta)
     seconds = {"setup": 0.0, "compile": 0.0, "sampling": 0.0, "scoring": 0.0}
-    started = time.perf_counter()
+    import pandas  # noqa: F401 (the table's; imported now, inside the set-up)
+
     shared = shared_setup(problem, choice.gradients, settings, rng_key)
     seconds["setup"] = time.perf_counter() - started
 
-    # Compile every group and time four records of each (uncharged), so a budget
-    # too small for round 0 is refused before any arm runs.
+    # Compile everything the rounds run (every group's program, the scoring),
+    # time four records of each group and one scoring call (uncharged), so a
+    # budget too small for round 0 is refused before any arm runs.
     t0 = time.perf_counter()
     key_init, key_score = random.split(rng_key)
     factories = dict(entries)
     recording = Recording(shared, settings.thinning, settings.scores == "minibatch")
+    scorer = Scorer(shared, settings, arms, key_score)
     groups, kernels, status, per_record = ready_groups(
-        arms, factories, problem, recording, settings, key_init
+        arms, factories, problem, recording, settings, key_init, scorer
     )
     seconds["compile"] = time.perf_counter() - t0
-    check_budget(groups, per_record, settings, rounds)
+    live = {a for g in groups for a in g.arms}
+    counts = arms_per_round(len(live), rounds, settings.eta)
+    deadline = Deadline(settings.budget, started, counts, scorer)
+    check_budget(groups, per_record, settings, deadline)
 
-    plan = _Plan(arms, rounds, settings, shared, recording, key_score)
+    plan = _Plan(rounds, settings, shared, scorer, deadline)
     records = Records.start(groups, settings.num_draws)
     table_rows = []
     for i in range(rounds):
-        out = _round(i, groups, plan, records, per_record)
-        groups = out.groups
+        out = _round(i, groups, live, plan, records, per_record)
+        live = out.survivors
         table_rows += out.rows
         for phase, spent in out.seconds.items():
             seconds[phase] += spent
@@ -380,55 +387,56 @@ def _winner(last_round, kernels, factories, problem, plan):
 class _Plan(NamedTuple):
     """What every round reads: fixed once the groups are built."""
 
-    #: Every arm, in the order of the table (an arm's index keys its scoring).
-    arms: list
     rounds: int
     settings: Settings
     shared: Shared
-    recording: Recording
-    #: The key the discrepancies' random draws (FSSD's locations) fold from.
-    key_score: object
+    scorer: Scorer
+    deadline: Deadline
 
 
 class _Round(NamedTuple):
     """What one round leaves."""
 
-    #: The survivors, one arm per group, for the next round.
-    groups: list
+    #: The arms that go on to the next round (the winner after the last).
+    survivors: set
     #: The round's rows of the table, one per arm that ran in it.
     rows: list
     #: The arms that ran, best first, and their discrepancies.
     ranked: list
     values: dict
-    #: Seconds spent compiling, sampling and scoring in the round.
+    #: Seconds spent sampling and scoring in the round.
     seconds: dict
 
 
-def _round(i, groups, plan, records, per_record):
-    """Round ``i``: every surviving arm charged its share ``T / (|S_i| R)`` of the
-    budget, continuing its chain, then scored; the best ``1/eta`` go on (the best
-    one in the last round). From round 1 on each survivor runs alone, on its
-    group's one-chain program."""
-    settings = plan.settings
-    alive = [a for g in groups for a in g.arms]
-    # Round i's share: T / (|S_i| R) seconds for each of the S_i arms.
-    r = settings.budget / (len(alive) * plan.rounds)
+def _round(i, groups, live, plan, records, per_record):
+    """Round ``i``: every arm of ``live`` charged an equal share of the round's
+    sampling time (:meth:`Deadline.sampling`: what is left of the budget after
+    the scoring to come, split over the rounds to come), continuing its chain
+    on its group's program, then scored; the best ``1/eta`` go on (the best one
+    in the last round)."""
+    settings, deadline = plan.settings, plan.deadline
+    # Round i's share: an equal part of its sampling time for each of its arms.
+    r = deadline.sampling(i) / len(live)
+    if r == 0.0:
+        logger.warning(
+            "tune: round %d of %d starts at the end of the budget (%g s); its "
+            "arms are ranked on the draws they have.",
+            i + 1,
+            plan.rounds,
+            deadline.budget,
+        )
     arrays = plan.shared.arrays
-    compiled = compile_programs(groups, arrays, plan.recording)  # new sizes
     t_round = time.perf_counter()
-    run_groups(groups, r, arrays, per_record, records, settings.thinning)
+    run_groups(groups, live, r, arrays, per_record, records, settings.thinning)
     sampling = time.perf_counter() - t_round
 
     t_score = time.perf_counter()
-    values = {}
-    for a in alive:
-        if a in records.stopped:
-            values[a] = math.inf
-            continue
-        key = random.fold_in(plan.key_score, plan.arms.index(a))
-        values[a] = discrepancy(records.draws[a], key, plan.shared, settings)
+    scored = {a: records.draws[a] for a in live if a not in records.stopped}
+    values = plan.scorer.score(scored)
+    values.update({a: math.inf for a in live if a in records.stopped})
     scoring = time.perf_counter() - t_score
 
+    alive = [a for a in plan.scorer.index if a in live]  # the table's order
     ranked = sorted(alive, key=lambda a: values[a])
     last = i == plan.rounds - 1
     survivors = ranked[:1] if last else ranked[: max(1, len(alive) // settings.eta)]
@@ -443,9 +451,8 @@ def _round(i, groups, plan, records, per_record):
         settings.metric,
         values[ranked[0]],
     )
-    groups = alone(groups, set(survivors), per_record)
-    spent = {"compile": compiled, "sampling": sampling, "scoring": scoring}
-    return _Round(groups, rows, ranked, values, spent)
+    spent = {"sampling": sampling, "scoring": scoring}
+    return _Round(set(survivors), rows, ranked, values, spent)
 
 
 def _round_rows(i, alive, survivors, last, values, records, settings):
