@@ -84,15 +84,17 @@ class TuneResult:
         broke its sampler's noise bound), ``status`` (``"kept"``, ``"pruned"``,
         ``"non-finite"``, ``"noise bound"``, ``"winner"``).
     :ivar str metric: ``"ksd"`` or ``"fssd"``.
-    :ivar float budget: the sampling budget in seconds (what the arms were charged,
-        summed over arms and rounds).
+    :ivar float budget: the budget in seconds: wall time from the call to
+        :func:`tune` to its result, everything included.
     :ivar int rounds: the number of rounds, ``floor(log_eta M)`` (at least 1).
-    :ivar dict seconds: wall-clock seconds by phase: ``"setup"`` (mode search,
-        preconditioner, control-variate centre, the full-data score function),
-        ``"compile"`` (each group's kernel ``init``, its compiled program, two timed
-        records, and the programs for fewer chains after pruning), ``"sampling"``
-        (what the arms were charged, plus overruns), ``"scoring"`` (full-data scores
-        and discrepancies), ``"total"``.
+    :ivar dict seconds: wall-clock seconds by phase, all inside the budget:
+        ``"setup"`` (mode search, preconditioner, control-variate centre, the
+        full-data score function), ``"compile"`` (each group's kernel ``init``
+        and compiled program, the scoring's programs, the timed records and
+        scoring call), ``"sampling"`` (the rounds' runs, masked chains of pruned
+        arms included), ``"scoring"`` (full-data scores and discrepancies) and
+        ``"total"``, from the call to the result (at most the budget, up to
+        small overruns).
     :ivar float steps_per_second: the winner's steps per charged second.
     """
 
@@ -190,11 +192,12 @@ def tune(
     The arms are every combination of ``samplers`` x ``gradients`` x
     ``subsample_sizes`` x the step sizes (``M`` in all). In each of
     :math:`R = \lfloor \log_\eta M \rfloor` rounds every surviving arm runs for
-    :math:`r_i = T / (|S_i| R)` more seconds, continuing its chain; then each is
+    :math:`r_i = S / (|S_i| R)` more seconds, continuing its chain; then each is
     scored by the discrepancy of ``num_draws`` of its draws (equally spaced over its
     whole run, kept every ``thinning`` steps) and only the best
-    :math:`\lfloor |S_i| / \eta \rfloor` go on. The charged time of all arms sums
-    to ``budget``; the winner is the best arm of the last round.
+    :math:`\lfloor |S_i| / \eta \rfloor` go on; the winner is the best arm of the
+    last round. ``budget`` (T) is wall time from the call to the result: S is
+    what set-up, compiling and scoring leave of it (see **Time**).
 
     **Coordinates.** Every arm runs with the preconditioner of
     ``step_size=None`` (the full-data mode :math:`\hat z` and
@@ -206,14 +209,18 @@ def tune(
     ``step_size=None`` target times 2, 1, 1/4, 1/16 and 1/64; default subsample
     sizes are the plate's declared n, n / 10 and 10 n (within [2, N)).
 
-    **Time.** In round 0 the arms of one sampler, estimator and subsample size run
-    as vectorised chains, one per step size, in one compiled program
-    (``vectorize=True``); each is charged the program's wall time divided by the
-    number of its chains. From round 1 on every surviving arm runs alone on its
-    group's one-chain program and is charged its own wall time (re-vectorising the
-    survivors would compile a program for each new number of chains). Compile time,
-    the setup (mode search, preconditioner, centre) and scoring are measured and
-    reported apart, not charged to the arms.
+    **Time.** The deadline is the call's start plus ``budget``. The set-up (mode
+    search, preconditioner, centre) is done once; then everything the rounds run
+    is compiled once: each group's program (the arms of one sampler, estimator and
+    subsample size, as vectorised chains, one per step size, with
+    ``vectorize=True``) and the scoring's, and one call of each is timed. At the
+    start of each round the scoring still to come (predicted from the last timed
+    scoring) is kept back, and the rest is split equally among the rounds to
+    come; a round's share is split equally among its arms. An arm is charged its
+    group's wall time divided by the number of live arms in the group: the
+    chains of pruned arms run on in their group's program, masked (neither
+    recorded nor charged to them), so nothing compiles once the rounds start.
+    ``result.seconds`` reports set-up, compiling, sampling and scoring apart.
 
     **Failures.** An arm whose chain meets a non-finite value (the kernel's guard
     stops it) is scored ``inf`` and pruned, and so is an SGHMC or SGNHT arm whose
@@ -224,7 +231,8 @@ def tune(
         ``numpyro.plate(name, N, subsample_size=n)`` (several subsample plates: the
         declared sizes only, minibatch gradients only).
     :param model_args: the model's positional arguments (the data).
-    :param float budget: seconds of sampling, summed over arms and rounds (T).
+    :param float budget: seconds of wall time from the call to the result (T):
+        set-up, compiling, sampling and scoring all count.
     :param samplers: names (``"SGBD"``, ``"SGLD"``, ``"SGHMC"``, ``"SGNHT"``,
         ``"NOGIN"``), sampler classes, or ``functools.partial`` of a class with
         fixed options (``partial(SGHMC, friction=2.0)``); ``step_size``,
@@ -251,10 +259,11 @@ def tune(
     :param int chunk_size: data rows per chunk of full-data passes.
     :param model_kwargs: the model's keyword arguments.
     :return: a :class:`TuneResult`.
-    :raises ValueError: for bad arguments (before any compiling), and when the
-        budget gives the slowest arm fewer than 10 recorded draws in round 0 (after
-        compiling, which measures the step time; the message names the budget that
-        would do).
+    :raises ValueError: for bad arguments (before any compiling), and when what
+        set-up, compiling and the predicted scoring leave of the budget gives the
+        slowest arm fewer than 10 recorded draws in round 0 (after compiling,
+        which measures the step and scoring times, before any arm runs; the
+        message names the budget that would do).
 
     **References**
 
@@ -329,13 +338,7 @@ def tune(
 
     plan = _Plan(rounds, settings, shared, scorer, deadline)
     records = Records.start(groups, settings.num_draws)
-    table_rows = []
-    for i in range(rounds):
-        out = _round(i, groups, live, plan, records, per_record)
-        live = out.survivors
-        table_rows += out.rows
-        for phase, spent in out.seconds.items():
-            seconds[phase] += spent
+    out, table_rows = _rounds(groups, live, plan, records, per_record, seconds)
     table = _table(table_rows, status)
     best, kernel = _winner(out, kernels, factories, problem, plan)
     seconds["total"] = time.perf_counter() - started
@@ -406,6 +409,19 @@ class _Round(NamedTuple):
     values: dict
     #: Seconds spent sampling and scoring in the round.
     seconds: dict
+
+
+def _rounds(groups, live, plan, records, per_record, seconds):
+    """``(last round, table rows)``: every round in turn, each one's sampling
+    and scoring seconds added to ``seconds``."""
+    rows = []
+    for i in range(plan.rounds):
+        out = _round(i, groups, live, plan, records, per_record)
+        live = out.survivors
+        rows += out.rows
+        for phase, spent in out.seconds.items():
+            seconds[phase] += spent
+    return out, rows
 
 
 def _round(i, groups, live, plan, records, per_record):
