@@ -328,7 +328,7 @@ def tune(
     recording = Recording(shared, settings.thinning, settings.scores == "minibatch")
     scorer = Scorer(shared, settings, arms, key_score)
     groups, kernels, status, per_record = ready_groups(
-        arms, factories, problem, recording, settings, key_init, scorer
+        arms, factories, problem, recording, settings, key_init, scorer, started
     )
     seconds["compile"] = time.perf_counter() - t0
     live = {a for g in groups for a in g.arms}

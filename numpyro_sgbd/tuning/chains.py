@@ -306,18 +306,43 @@ class _Compiler:
     Python's lock) while the main thread makes the next group: one program per
     kernel and number of chains, shared by the groups that have both."""
 
-    def __init__(self, recording, pool):
+    def __init__(self, recording, pool, deadline, num_kernels):
         self.recording = recording
         self.pool = pool
         self.futures = {}
+        #: ``(budget, started)``: making groups past the budget is refused.
+        self.deadline = deadline
+        self.num_kernels = num_kernels
+        self.kernels = set()
 
     def __call__(self, group):
+        self.kernels.add(id(group.kernel))
+        self._check_deadline()
         key = (id(group.kernel), len(group.arms))
         if key not in self.futures:
             run = jax.jit(record_program(group.kernel, self.recording))
             lowered = run.lower(group.state, 1, self.recording.shared.arrays)
             self.futures[key] = self.pool.submit(lowered.compile)
         group.program = self.futures[key]
+
+    def _check_deadline(self):
+        """Refuse the budget as soon as making the groups has used it up, with
+        what making all of them would take at this pace (rather than compile
+        the rest first and come back late)."""
+        budget, started = self.deadline
+        spent = time.perf_counter() - started
+        made = len(self.kernels)
+        if spent <= budget or made >= self.num_kernels:
+            return
+        projected = spent * self.num_kernels / made
+        raise ValueError(
+            f"budget={budget:g} s is wall time from the call to the result, and "
+            f"set-up and making {made} of the {self.num_kernels} kernels of the "
+            f"arms took {spent:.3g} s: making them all would take about "
+            f"{projected:.3g} s before any arm runs. Pass a budget well above "
+            f"{math.ceil(projected):d} s, or fewer arms (samplers, "
+            "subsample_sizes, gradients)."
+        )
 
 
 def time_records(groups, arrays):
@@ -331,21 +356,29 @@ def time_records(groups, arrays):
     return per_record
 
 
-def ready_groups(arms, factories, problem, recording, settings, key_init, scorer):
+def ready_groups(
+    arms, factories, problem, recording, settings, key_init, scorer, started
+):
     """``(groups, kernels, status, per_record)``: the groups of :func:`make_groups`
     with their programs compiled (in threads, as the groups are made), the
     scorer's programs compiled and one of its calls timed, and each group's
     seconds per record (:func:`time_records`). Everything the rounds run is
-    compiled here, once."""
+    compiled here, once. A ValueError as soon as the budget (from ``started``)
+    runs out while the groups are made."""
     workers = max(1, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        compiler = _Compiler(recording, pool)
+    num_kernels = len({(a.sampler, a.gradient, a.subsample_size) for a in arms})
+    pool = ThreadPoolExecutor(max_workers=workers)
+    deadline = (settings.budget, started)
+    compiler = _Compiler(recording, pool, deadline, num_kernels)
+    try:
         groups, kernels, status = make_groups(
             arms, factories, problem, recording.shared, settings, key_init, compiler
         )
         scorer.warm_up()  # compiles in this thread while the workers compile
         for group in groups:
             group.program = group.program.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     per_record = time_records(groups, recording.shared.arrays)
     scorer.time_batch()
     return groups, kernels, status, per_record
