@@ -6,6 +6,7 @@ coordinates the arms run in, N(0, 1) up to the Laplace approximation (exact here
 """
 
 import math
+import time
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +85,7 @@ def test_tune_finds_the_exact_arm_and_survives_a_blown_up_one(y):
     result = tune(
         model,
         y,
-        budget=3.0,
+        budget=14.0,
         samplers=["NOGIN", "SGLD"],
         gradients=["minibatch"],
         subsample_sizes=[1000],
@@ -97,13 +98,14 @@ def test_tune_finds_the_exact_arm_and_survives_a_blown_up_one(y):
     assert math.isinf(table.loc[8.0, "discrepancy"])
     assert table.loc[0.5, "status"] == "winner"
     assert table.loc[0.5, "discrepancy"] < table.loc[1e-4, "discrepancy"]
-    # One round of three arms: each is charged at least its third of the budget,
-    # and the charges add up to no more than the wall time of the sampling calls
-    # (a group's call is shared among its arms; its last call may overrun). Not a
-    # timing tolerance: these hold however loaded the machine is (a +-20 % band
-    # on the sum failed at 3.7 s under load).
+    # One round of three arms: each is charged the same share of the sampling
+    # time, and the charges add up to no more than the wall time of the sampling
+    # calls (a group's call is shared among its arms; its last call may overrun).
+    # Not a timing tolerance: these hold however loaded the machine is (a +-20 %
+    # band on the sum failed at 3.7 s under load).
     assert result.rounds == 1
-    assert np.all(table["seconds"] >= 1.0 - 1e-9)
+    charged = table["seconds"].to_numpy()
+    assert charged.min() > 0.5 * charged.max()
     assert table["seconds"].sum() <= result.seconds["sampling"]
     assert set(result.seconds) == {"setup", "compile", "sampling", "scoring", "total"}
 
@@ -159,7 +161,7 @@ def test_successive_halving_keeps_the_best_third(y):
     result = tune(
         model,
         y,
-        budget=6.0,
+        budget=20.0,
         samplers=["SGLD"],
         gradients=["control_variates"],
         subsample_sizes=[64],
@@ -179,8 +181,11 @@ def test_successive_halving_keeps_the_best_third(y):
     winner = second.loc[second["discrepancy"].idxmin()]
     assert result.arm.step_size == winner["step_size"]
     assert result.arm.step_size >= 0.03
-    # r_0 = T / (9 * 2) each, then r_1 = T / (3 * 2) more for the survivors.
-    assert first["seconds"].median() == pytest.approx(6.0 / 18, rel=0.3)
+    # The rounds share what set-up, compiling and scoring leave equally: r_0 =
+    # W / 9 each, then r_1 = W / 3 more for the survivors, so 4 r_0 in all.
+    assert second["seconds"].median() == pytest.approx(
+        4 * first["seconds"].median(), rel=0.35
+    )
 
 
 def test_minibatch_scores_and_one_arm_at_a_time(y, tmp_path):
@@ -191,7 +196,7 @@ def test_minibatch_scores_and_one_arm_at_a_time(y, tmp_path):
     result = tune(
         model,
         y,
-        budget=2.0,
+        budget=12.0,
         samplers=["SGBD"],
         gradients=["control_variates"],
         subsample_sizes=[32],
@@ -220,7 +225,7 @@ def test_an_sghmc_arm_that_breaks_the_noise_bound_is_reported(y):
     result = tune(
         model,
         y,
-        budget=1.0,
+        budget=10.0,
         samplers=["SGHMC"],
         gradients=["minibatch"],
         subsample_sizes=[1000],
@@ -241,6 +246,36 @@ def test_an_sghmc_arm_that_breaks_the_noise_bound_is_reported(y):
     kernel.use_setup(result.kernel.setup)
     with pytest.raises(ValueError, match="recipe paper, eq. 9"):
         kernel.init(jax.random.key(0), 0, None, (y,), {})
+
+
+def test_the_budget_is_wall_time_from_the_call_to_the_result(y):
+    """``budget`` counts everything: set-up, compiling, sampling, scoring and
+    building the winner. A budget of 12 s with about 6 s of set-up, compiling and
+    scoring (two groups, about 2 s to make and compile each on two cores): the
+    call returns within 1.25 x the budget, and ``seconds["total"]`` is the same
+    wall time. Sampling gets what the fixed costs leave.
+
+    Injected bug: starting the deadline after compiling (the old accounting, the
+    budget charged to sampling alone) returned after 20 s (fails)."""
+    budget = 12.0
+    started = time.perf_counter()
+    result = tune(
+        model,
+        y,
+        budget=budget,
+        samplers=["SGLD", "SGBD"],
+        gradients=["minibatch"],
+        subsample_sizes=[256],
+        step_sizes=[0.5, 0.05],
+        rng_key=jax.random.key(4),
+    )
+    wall = time.perf_counter() - started
+    assert wall <= 1.25 * budget
+    assert result.seconds["total"] <= wall
+    assert result.budget == budget
+    fixed = result.seconds["setup"] + result.seconds["compile"]
+    assert result.seconds["sampling"] <= budget - fixed
+    assert result.seconds["sampling"] > 0
 
 
 def test_a_budget_too_small_names_the_minimum(y):

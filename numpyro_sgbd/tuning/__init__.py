@@ -33,21 +33,21 @@ from numpyro_sgbd.tuning.arguments import (  # noqa: F401 (public here as before
     plate_choice,
     sampler_grids,
 )
+from numpyro_sgbd.tuning.budget import Deadline, arms_per_round, check_budget
 from numpyro_sgbd.tuning.chains import (
     Problem,
     Recording,
     Records,
     Shared,
-    _Draws,  # noqa: F401 (the tests read these here)
-    _full_scores,  # noqa: F401
-    alone,
-    check_budget,
-    compile_programs,
-    discrepancy,
+    _Draws,  # noqa: F401 (the tests read it here)
     ready_groups,
     run_groups,
     shared_setup,
     winner_kernel,
+)
+from numpyro_sgbd.tuning.scoring import (
+    Scorer,
+    _full_scores,  # noqa: F401 (the tests read it here)
 )
 
 __all__ = ["Arm", "TuneResult", "tune"]
@@ -84,15 +84,17 @@ class TuneResult:
         broke its sampler's noise bound), ``status`` (``"kept"``, ``"pruned"``,
         ``"non-finite"``, ``"noise bound"``, ``"winner"``).
     :ivar str metric: ``"ksd"`` or ``"fssd"``.
-    :ivar float budget: the sampling budget in seconds (what the arms were charged,
-        summed over arms and rounds).
+    :ivar float budget: the budget in seconds: wall time from the call to
+        :func:`tune` to its result, everything included.
     :ivar int rounds: the number of rounds, ``floor(log_eta M)`` (at least 1).
-    :ivar dict seconds: wall-clock seconds by phase: ``"setup"`` (mode search,
-        preconditioner, control-variate centre, the full-data score function),
-        ``"compile"`` (each group's kernel ``init``, its compiled program, two timed
-        records, and the programs for fewer chains after pruning), ``"sampling"``
-        (what the arms were charged, plus overruns), ``"scoring"`` (full-data scores
-        and discrepancies), ``"total"``.
+    :ivar dict seconds: wall-clock seconds by phase, all inside the budget:
+        ``"setup"`` (mode search, preconditioner, control-variate centre, the
+        full-data score function), ``"compile"`` (each group's kernel ``init``
+        and compiled program, the scoring's programs, the timed records and
+        scoring call), ``"sampling"`` (the rounds' runs, masked chains of pruned
+        arms included), ``"scoring"`` (full-data scores and discrepancies) and
+        ``"total"``, from the call to the result (at most the budget, up to
+        small overruns).
     :ivar float steps_per_second: the winner's steps per charged second.
     """
 
@@ -190,11 +192,12 @@ def tune(
     The arms are every combination of ``samplers`` x ``gradients`` x
     ``subsample_sizes`` x the step sizes (``M`` in all). In each of
     :math:`R = \lfloor \log_\eta M \rfloor` rounds every surviving arm runs for
-    :math:`r_i = T / (|S_i| R)` more seconds, continuing its chain; then each is
+    :math:`r_i = S / (|S_i| R)` more seconds, continuing its chain; then each is
     scored by the discrepancy of ``num_draws`` of its draws (equally spaced over its
     whole run, kept every ``thinning`` steps) and only the best
-    :math:`\lfloor |S_i| / \eta \rfloor` go on. The charged time of all arms sums
-    to ``budget``; the winner is the best arm of the last round.
+    :math:`\lfloor |S_i| / \eta \rfloor` go on; the winner is the best arm of the
+    last round. ``budget`` (T) is wall time from the call to the result: S is
+    what set-up, compiling and scoring leave of it (see **Time**).
 
     **Coordinates.** Every arm runs with the preconditioner of
     ``step_size=None`` (the full-data mode :math:`\hat z` and
@@ -206,14 +209,18 @@ def tune(
     ``step_size=None`` target times 2, 1, 1/4, 1/16 and 1/64; default subsample
     sizes are the plate's declared n, n / 10 and 10 n (within [2, N)).
 
-    **Time.** In round 0 the arms of one sampler, estimator and subsample size run
-    as vectorised chains, one per step size, in one compiled program
-    (``vectorize=True``); each is charged the program's wall time divided by the
-    number of its chains. From round 1 on every surviving arm runs alone on its
-    group's one-chain program and is charged its own wall time (re-vectorising the
-    survivors would compile a program for each new number of chains). Compile time,
-    the setup (mode search, preconditioner, centre) and scoring are measured and
-    reported apart, not charged to the arms.
+    **Time.** The deadline is the call's start plus ``budget``. The set-up (mode
+    search, preconditioner, centre) is done once; then everything the rounds run
+    is compiled once: each group's program (the arms of one sampler, estimator and
+    subsample size, as vectorised chains, one per step size, with
+    ``vectorize=True``) and the scoring's, and one call of each is timed. At the
+    start of each round the scoring still to come (predicted from the last timed
+    scoring) is kept back, and the rest is split equally among the rounds to
+    come; a round's share is split equally among its arms. An arm is charged its
+    group's wall time divided by the number of live arms in the group: the
+    chains of pruned arms run on in their group's program, masked (neither
+    recorded nor charged to them), so nothing compiles once the rounds start.
+    ``result.seconds`` reports set-up, compiling, sampling and scoring apart.
 
     **Failures.** An arm whose chain meets a non-finite value (the kernel's guard
     stops it) is scored ``inf`` and pruned, and so is an SGHMC or SGNHT arm whose
@@ -224,7 +231,8 @@ def tune(
         ``numpyro.plate(name, N, subsample_size=n)`` (several subsample plates: the
         declared sizes only, minibatch gradients only).
     :param model_args: the model's positional arguments (the data).
-    :param float budget: seconds of sampling, summed over arms and rounds (T).
+    :param float budget: seconds of wall time from the call to the result (T):
+        set-up, compiling, sampling and scoring all count.
     :param samplers: names (``"SGBD"``, ``"SGLD"``, ``"SGHMC"``, ``"SGNHT"``,
         ``"NOGIN"``), sampler classes, or ``functools.partial`` of a class with
         fixed options (``partial(SGHMC, friction=2.0)``); ``step_size``,
@@ -251,10 +259,11 @@ def tune(
     :param int chunk_size: data rows per chunk of full-data passes.
     :param model_kwargs: the model's keyword arguments.
     :return: a :class:`TuneResult`.
-    :raises ValueError: for bad arguments (before any compiling), and when the
-        budget gives the slowest arm fewer than 10 recorded draws in round 0 (after
-        compiling, which measures the step time; the message names the budget that
-        would do).
+    :raises ValueError: for bad arguments (before any compiling), and when what
+        set-up, compiling and the predicted scoring leave of the budget gives the
+        slowest arm fewer than 10 recorded draws in round 0 (after compiling,
+        which measures the step and scoring times, before any arm runs; the
+        message names the budget that would do).
 
     **References**
 
@@ -272,7 +281,7 @@ def tune(
     ...     with numpyro.plate("data", y.shape[0], subsample_size=32) as idx:
     ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
     >>> y = 1.0 + jax.random.normal(jax.random.key(0), (2000,))
-    >>> result = tune(model, y, budget=2.0, samplers=["SGLD"],
+    >>> result = tune(model, y, budget=12.0, samplers=["SGLD"],
     ...               gradients=["minibatch"], subsample_sizes=[32],
     ...               step_sizes=[0.4, 1e-3, 1e-5])
     >>> result.arm.step_size  # 1e-3 barely moves; 1e-5 not at all
@@ -283,6 +292,7 @@ def tune(
     >>> bool(abs(mcmc.get_samples()["mu"].mean() - y.mean()) < 0.05)
     True
     """
+    started = time.perf_counter()  # the budget runs from here
     settings = check_settings(
         Settings(
             budget,
@@ -304,31 +314,31 @@ def tune(
     arms = _arms(entries, grids, choice)
     rounds = _num_rounds(len(arms), settings.eta)
     seconds = {"setup": 0.0, "compile": 0.0, "sampling": 0.0, "scoring": 0.0}
-    started = time.perf_counter()
+    import pandas  # noqa: F401 (the table's; imported now, inside the set-up)
+
     shared = shared_setup(problem, choice.gradients, settings, rng_key)
     seconds["setup"] = time.perf_counter() - started
 
-    # Compile every group and time four records of each (uncharged), so a budget
-    # too small for round 0 is refused before any arm runs.
+    # Compile everything the rounds run (every group's program, the scoring),
+    # time four records of each group and one scoring call (uncharged), so a
+    # budget too small for round 0 is refused before any arm runs.
     t0 = time.perf_counter()
     key_init, key_score = random.split(rng_key)
     factories = dict(entries)
     recording = Recording(shared, settings.thinning, settings.scores == "minibatch")
+    scorer = Scorer(shared, settings, arms, key_score)
     groups, kernels, status, per_record = ready_groups(
-        arms, factories, problem, recording, settings, key_init
+        arms, factories, problem, recording, settings, key_init, scorer, started
     )
     seconds["compile"] = time.perf_counter() - t0
-    check_budget(groups, per_record, settings, rounds)
+    live = {a for g in groups for a in g.arms}
+    counts = arms_per_round(len(live), rounds, settings.eta)
+    deadline = Deadline(settings.budget, started, counts, scorer)
+    check_budget(groups, per_record, settings, deadline)
 
-    plan = _Plan(arms, rounds, settings, shared, recording, key_score)
+    plan = _Plan(rounds, settings, shared, scorer, deadline)
     records = Records.start(groups, settings.num_draws)
-    table_rows = []
-    for i in range(rounds):
-        out = _round(i, groups, plan, records, per_record)
-        groups = out.groups
-        table_rows += out.rows
-        for phase, spent in out.seconds.items():
-            seconds[phase] += spent
+    out, table_rows = _rounds(groups, live, plan, records, per_record, seconds)
     table = _table(table_rows, status)
     best, kernel = _winner(out, kernels, factories, problem, plan)
     seconds["total"] = time.perf_counter() - started
@@ -380,55 +390,69 @@ def _winner(last_round, kernels, factories, problem, plan):
 class _Plan(NamedTuple):
     """What every round reads: fixed once the groups are built."""
 
-    #: Every arm, in the order of the table (an arm's index keys its scoring).
-    arms: list
     rounds: int
     settings: Settings
     shared: Shared
-    recording: Recording
-    #: The key the discrepancies' random draws (FSSD's locations) fold from.
-    key_score: object
+    scorer: Scorer
+    deadline: Deadline
 
 
 class _Round(NamedTuple):
     """What one round leaves."""
 
-    #: The survivors, one arm per group, for the next round.
-    groups: list
+    #: The arms that go on to the next round (the winner after the last).
+    survivors: set
     #: The round's rows of the table, one per arm that ran in it.
     rows: list
     #: The arms that ran, best first, and their discrepancies.
     ranked: list
     values: dict
-    #: Seconds spent compiling, sampling and scoring in the round.
+    #: Seconds spent sampling and scoring in the round.
     seconds: dict
 
 
-def _round(i, groups, plan, records, per_record):
-    """Round ``i``: every surviving arm charged its share ``T / (|S_i| R)`` of the
-    budget, continuing its chain, then scored; the best ``1/eta`` go on (the best
-    one in the last round). From round 1 on each survivor runs alone, on its
-    group's one-chain program."""
-    settings = plan.settings
-    alive = [a for g in groups for a in g.arms]
-    # Round i's share: T / (|S_i| R) seconds for each of the S_i arms.
-    r = settings.budget / (len(alive) * plan.rounds)
+def _rounds(groups, live, plan, records, per_record, seconds):
+    """``(last round, table rows)``: every round in turn, each one's sampling
+    and scoring seconds added to ``seconds``."""
+    rows = []
+    for i in range(plan.rounds):
+        out = _round(i, groups, live, plan, records, per_record)
+        live = out.survivors
+        rows += out.rows
+        for phase, spent in out.seconds.items():
+            seconds[phase] += spent
+    return out, rows
+
+
+def _round(i, groups, live, plan, records, per_record):
+    """Round ``i``: every arm of ``live`` charged an equal share of the round's
+    sampling time (:meth:`Deadline.sampling`: what is left of the budget after
+    the scoring to come, split over the rounds to come), continuing its chain
+    on its group's program, then scored; the best ``1/eta`` go on (the best one
+    in the last round)."""
+    settings, deadline = plan.settings, plan.deadline
+    # Round i's share: an equal part of its sampling time for each of its arms.
+    r = deadline.sampling(i) / len(live)
+    if r == 0.0:
+        logger.warning(
+            "tune: round %d of %d starts at the end of the budget (%g s); its "
+            "arms are ranked on the draws they have.",
+            i + 1,
+            plan.rounds,
+            deadline.budget,
+        )
     arrays = plan.shared.arrays
-    compiled = compile_programs(groups, arrays, plan.recording)  # new sizes
     t_round = time.perf_counter()
-    run_groups(groups, r, arrays, per_record, records, settings.thinning)
+    run_groups(groups, live, r, arrays, per_record, records, settings.thinning)
     sampling = time.perf_counter() - t_round
 
     t_score = time.perf_counter()
-    values = {}
-    for a in alive:
-        if a in records.stopped:
-            values[a] = math.inf
-            continue
-        key = random.fold_in(plan.key_score, plan.arms.index(a))
-        values[a] = discrepancy(records.draws[a], key, plan.shared, settings)
+    scored = {a: records.draws[a] for a in live if a not in records.stopped}
+    values = plan.scorer.score(scored)
+    values.update({a: math.inf for a in live if a in records.stopped})
     scoring = time.perf_counter() - t_score
 
+    alive = [a for a in plan.scorer.index if a in live]  # the table's order
     ranked = sorted(alive, key=lambda a: values[a])
     last = i == plan.rounds - 1
     survivors = ranked[:1] if last else ranked[: max(1, len(alive) // settings.eta)]
@@ -443,9 +467,8 @@ def _round(i, groups, plan, records, per_record):
         settings.metric,
         values[ranked[0]],
     )
-    groups = alone(groups, set(survivors), per_record)
-    spent = {"compile": compiled, "sampling": sampling, "scoring": scoring}
-    return _Round(groups, rows, ranked, values, spent)
+    spent = {"sampling": sampling, "scoring": scoring}
+    return _Round(set(survivors), rows, ranked, values, spent)
 
 
 def _round_rows(i, alive, survivors, last, values, records, settings):

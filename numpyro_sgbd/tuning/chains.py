@@ -1,17 +1,19 @@
 """The arms' chains in :func:`~numpyro_sgbd.tuning.tune`: the set-up they share,
-their kernels and groups, the compiled programs that advance and record them, the
-timed runs charged to each arm, and the discrepancy of its draws.
+their kernels and groups, the compiled programs that advance and record them, and
+the timed runs charged to each arm (the scores are in
+:mod:`~numpyro_sgbd.tuning.scoring`).
 
 An arm's chain runs in the whitened coordinates u of the shared preconditioner,
 from the same draw of its Laplace approximation as every other arm. Arms that
 share a sampler, gradient estimator and subsample size share a kernel
 (:class:`_Group`), their chains vectorised over the step sizes in one program; the
 program advances them ``thinning`` steps per record and keeps each record's draw
-in u (and its minibatch score, for the stochastic KSD).
+in u (and its minibatch score, for the stochastic KSD). A group keeps its program
+for every round, the chains of pruned arms masked, so nothing compiles once the
+rounds start.
 """
 
 from concurrent.futures import ThreadPoolExecutor
-import functools
 import math
 import os
 import time
@@ -24,12 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sgbd.estimators import split_arrays
-from numpyro_sgbd.evaluation.fssd import fssd_opt
-from numpyro_sgbd.evaluation.ksd import imq_ksd
 from numpyro_sgbd.handlers import subsample_size
 from numpyro_sgbd.modes import full_data_objective
 from numpyro_sgbd.samplers import SGLD
-from numpyro_sgbd.tuning.arguments import MIN_DRAWS, constructor_accepts
+from numpyro_sgbd.tuning.arguments import constructor_accepts
 from numpyro_sgbd.validation import warmup_elsewhere
 
 #: Records kept per arm before its stride doubles (memory O(this x d) per arm).
@@ -136,13 +136,16 @@ class Records(NamedTuple):
 class _Group:
     """Arms that share a sampler, gradient estimator and subsample size: one
     kernel, its chains vectorised over the step sizes (or one arm each when
-    ``vectorize=False``)."""
+    ``vectorize=False``). The group keeps its chains for good: a pruned arm's
+    chain still runs in the program (masked: neither recorded nor charged), so
+    one program per group serves every round."""
 
     def __init__(self, kernel, arms, state):
         self.kernel = kernel
         self.arms = list(arms)
         self.state = state
-        self.compiled = {}
+        #: The compiled program (:func:`record_program`), or its future.
+        self.program = None
 
 
 def _slice_state(state, keep):
@@ -222,11 +225,11 @@ def _start_chains(kernel, part, key_init, problem):
     return state, _within_noise_bound(kernel, state, steps)
 
 
-def make_groups(arms, factories, problem, shared, settings, key_init):
+def make_groups(arms, factories, problem, shared, settings, key_init, on_group):
     """``(groups, kernels, status)``: the groups of chains that run, each arm's
     kernel, and ``"noise bound"`` for the arms whose step breaks their sampler's
-    bound at the start (they do not run). A kernel's groups share its programs
-    (by number of chains)."""
+    bound at the start (they do not run). ``on_group(group)`` is called as each
+    group is made (to start compiling its program while the next is made)."""
     groups, kernels, status = [], {}, {}
     for name, g, n in {(a.sampler, a.gradient, a.subsample_size): None for a in arms}:
         members = [
@@ -237,7 +240,6 @@ def make_groups(arms, factories, problem, shared, settings, key_init):
         )
         for a in members:
             kernels[a] = kernel
-        programs = {}  # by number of chains, shared by the kernel's groups
         for part in [members] if settings.vectorize else [[a] for a in members]:
             state, ok = _start_chains(kernel, part, key_init, problem)
             for a, fine in zip(part, ok):
@@ -246,9 +248,11 @@ def make_groups(arms, factories, problem, shared, settings, key_init):
             alive = [i for i, fine in enumerate(ok) if fine]
             if not alive:
                 continue
-            group = _Group(kernel, [part[i] for i in alive], _slice_state(state, alive))
-            group.compiled = programs
+            if len(alive) < len(part):  # slicing compiles a gather per leaf
+                state = _slice_state(state, alive)
+            group = _Group(kernel, [part[i] for i in alive], state)
             groups.append(group)
+            on_group(group)
     return groups, kernels, status
 
 
@@ -297,170 +301,131 @@ def record_program(kernel, recording):
     return run
 
 
-def compile_programs(groups, arrays, recording):
-    """Compile what the groups need for their current number of chains, in
-    threads (XLA compiles outside Python's lock, one program per core); returns
-    the seconds it took (0 where nothing was new)."""
-    todo = {}  # one per program: single-arm groups share their parent's
-    for g in groups:
-        if len(g.arms) not in g.compiled:
-            todo.setdefault((id(g.compiled), len(g.arms)), g)
-    todo = list(todo.values())
-    if not todo:
-        return 0.0
-    t0 = time.perf_counter()
-    lowered = [
-        jax.jit(record_program(g.kernel, recording)).lower(g.state, 1, arrays)
-        for g in todo
-    ]
-    workers = min(len(todo), os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        fns = list(pool.map(lambda low: low.compile(), lowered))
-    for g, fn in zip(todo, fns):
-        g.compiled[len(g.arms)] = fn
-    return time.perf_counter() - t0
+class _Compiler:
+    """Compiles the groups' programs in worker threads (XLA compiles outside
+    Python's lock) while the main thread makes the next group: one program per
+    kernel and number of chains, shared by the groups that have both."""
+
+    def __init__(self, recording, pool, deadline, num_kernels):
+        self.recording = recording
+        self.pool = pool
+        self.futures = {}
+        #: ``(budget, started)``: making groups past the budget is refused.
+        self.deadline = deadline
+        self.num_kernels = num_kernels
+        self.kernels = set()
+
+    def __call__(self, group):
+        self.kernels.add(id(group.kernel))
+        self._check_deadline()
+        key = (id(group.kernel), len(group.arms))
+        if key not in self.futures:
+            run = jax.jit(record_program(group.kernel, self.recording))
+            lowered = run.lower(group.state, 1, self.recording.shared.arrays)
+            self.futures[key] = self.pool.submit(lowered.compile)
+        group.program = self.futures[key]
+
+    def _check_deadline(self):
+        """Refuse the budget as soon as making the groups has used it up, with
+        what making all of them would take at this pace (rather than compile
+        the rest first and come back late)."""
+        budget, started = self.deadline
+        spent = time.perf_counter() - started
+        made = len(self.kernels)
+        if spent <= budget or made >= self.num_kernels:
+            return
+        projected = spent * self.num_kernels / made
+        raise ValueError(
+            f"budget={budget:g} s is wall time from the call to the result, and "
+            f"set-up and making {made} of the {self.num_kernels} kernels of the "
+            f"arms took {spent:.3g} s: making them all would take about "
+            f"{projected:.3g} s before any arm runs. Pass a budget well above "
+            f"{math.ceil(projected):d} s, or fewer arms (samplers, "
+            "subsample_sizes, gradients)."
+        )
 
 
-# --------------------------------------------------------- time and the runs
 def time_records(groups, arrays):
     """Seconds per record of each group (by ``id``), timed on four records that
     nobody is charged for."""
     per_record = {}
     for group in groups:
-        fn = group.compiled[len(group.arms)]
         t1 = time.perf_counter()
-        jax.block_until_ready(fn(group.state, 4, arrays))
+        jax.block_until_ready(group.program(group.state, 4, arrays))
         per_record[id(group)] = (time.perf_counter() - t1) / 4
     return per_record
 
 
-def ready_groups(arms, factories, problem, recording, settings, key_init):
+def ready_groups(
+    arms, factories, problem, recording, settings, key_init, scorer, started
+):
     """``(groups, kernels, status, per_record)``: the groups of :func:`make_groups`
-    with their programs compiled, and each group's seconds per record
-    (:func:`time_records`)."""
-    groups, kernels, status = make_groups(
-        arms, factories, problem, recording.shared, settings, key_init
-    )
-    compile_programs(groups, recording.shared.arrays, recording)
+    with their programs compiled (in threads, as the groups are made), the
+    scorer's programs compiled and one of its calls timed, and each group's
+    seconds per record (:func:`time_records`). Everything the rounds run is
+    compiled here, once. A ValueError as soon as the budget (from ``started``)
+    runs out while the groups are made."""
+    workers = max(1, os.cpu_count() or 1)
+    num_kernels = len({(a.sampler, a.gradient, a.subsample_size) for a in arms})
+    pool = ThreadPoolExecutor(max_workers=workers)
+    deadline = (settings.budget, started)
+    compiler = _Compiler(recording, pool, deadline, num_kernels)
+    try:
+        groups, kernels, status = make_groups(
+            arms, factories, problem, recording.shared, settings, key_init, compiler
+        )
+        scorer.warm_up()  # compiles in this thread while the workers compile
+        for group in groups:
+            group.program = group.program.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     per_record = time_records(groups, recording.shared.arrays)
+    scorer.time_batch()
     return groups, kernels, status, per_record
 
 
-def check_budget(groups, per_record, settings, rounds):
-    """Refuse a budget that gives the slowest arm fewer than :data:`MIN_DRAWS`
-    records in round 0 (or no arm at all to run), naming the budget that would
-    do."""
-    num_alive = sum(len(g.arms) for g in groups)
-    if not num_alive:
-        raise ValueError(
-            "Every arm breaks its sampler's noise bound at the start (step_size * "
-            "tau^2 > 2 * friction): give smaller step_sizes, larger subsample_sizes "
-            "or control variates."
-        )
-    budget = settings.budget
-    r0 = budget / (num_alive * rounds)
-    slowest = max(per_record[id(g)] / len(g.arms) for g in groups)
-    needed = MIN_DRAWS * slowest
-    if r0 < needed:
-        # Timed on four records: ask for half as much again, so that a retry on
-        # a machine whose load changes is not refused again.
-        minimum = 1.5 * needed * num_alive * rounds
-        raise ValueError(
-            f"budget={budget:g} s gives each of the {num_alive} arms {r0:.3g} s in "
-            f"round 0 of {rounds}, but the slowest arm needs {needed:.3g} s for "
-            f"{MIN_DRAWS} draws {settings.thinning} steps apart. Pass budget >= "
-            f"{math.ceil(minimum * 10) / 10:g} s, or fewer arms (samplers, "
-            "step_sizes, subsample_sizes, gradients)."
-        )
-
-
-def _run_group(group, r, fn, arrays, per_record, records, thinning):
-    """Run the group's chains until each arm has been charged ``r`` more seconds
-    (the wall time of each call divided by the number of chains)."""
-    k = len(group.arms)
+def _run_group(group, live, r, arrays, per_record, records, thinning):
+    """Run the group's chains until each of its live arms (``live``, their
+    indices in the group) has been charged ``r`` more seconds: the wall time of
+    each call divided by the number of live arms in it. The chains of pruned arms
+    run on, masked (nothing recompiles); their time is charged to the live ones,
+    as a lone survivor would pay for a program of its own."""
+    k = len(live)
     spent = 0.0
     t_rec = per_record[id(group)]
     while spent < r:
         want = (r - spent) * k / max(t_rec, 1e-9)
         num = int(min(_BUFFER, max(1, math.ceil(want))))
         t0 = time.perf_counter()
-        state, xs, gs = fn(group.state, num, arrays)
+        state, xs, gs = group.program(group.state, num, arrays)
         xs = np.asarray(xs[:num])
         gs = None if gs is None else np.asarray(gs[:num])
         wall = time.perf_counter() - t0
         group.state = state
         t_rec = wall / num
         spent += wall / k
-        for j, a in enumerate(group.arms):
+        for j in live:
+            a = group.arms[j]
             records.draws[a].add(xs[:, j], None if gs is None else gs[:, j])
             records.steps[a] += num * thinning
     per_record[id(group)] = t_rec
-    for a in group.arms:
-        records.charged[a] += spent
+    for j in live:
+        records.charged[group.arms[j]] += spent
 
 
-def run_groups(groups, r, arrays, per_record, records, thinning):
-    """Each group's arms charged ``r`` more seconds; the arms whose chain met a
+def run_groups(groups, live, r, arrays, per_record, records, thinning):
+    """Each arm of ``live`` charged ``r`` more seconds, on its group's program
+    (the groups without a live arm stay still); the live arms whose chain met a
     non-finite value (the kernel's guard stopped it) join ``records.stopped``."""
     for group in groups:
-        fn = group.compiled[len(group.arms)]
-        _run_group(group, r, fn, arrays, per_record, records, thinning)
+        lanes = [j for j, a in enumerate(group.arms) if a in live]
+        if not lanes:
+            continue
+        _run_group(group, lanes, r, arrays, per_record, records, thinning)
         num_bad = np.asarray(group.state.num_nonfinite) > 0
-        for a, bad in zip(group.arms, num_bad):
-            if bad:
-                records.stopped.add(a)
-
-
-def alone(groups, keep, per_record):
-    """The arms of ``keep`` as one-arm groups on their group's one-chain program
-    (compiled once per group), each timed at its share of its group's record:
-    re-vectorising the survivors would compile a program for every new number of
-    chains."""
-    single_groups = []
-    for group in groups:
-        for j, a in enumerate(group.arms):
-            if a in keep:
-                single = _Group(group.kernel, [a], _slice_state(group.state, [j]))
-                single.compiled = group.compiled
-                k = len(group.arms)
-                per_record[id(single)] = per_record[id(group)] / k
-                single_groups.append(single)
-    return single_groups
-
-
-# ---------------------------------------------------------------- the scores
-def _full_scores(objective, pre, xs):
-    """Full-data scores in u at draws ``xs`` (rows of u), in one batched pass over
-    the data chunks: ``L' grad_z log pi(z)`` at ``z = z_hat + L u``."""
-    zs = jax.vmap(pre.to_z)(xs)
-    _, grads = jax.vmap(objective.value_and_grad)(zs)
-    return -pre.pull(grads)  # score = -grad U, pulled back to u
-
-
-@functools.lru_cache(maxsize=None)
-def _score_function(metric):
-    if metric == "ksd":
-        return jax.jit(lambda key, x, s, mask: imq_ksd(x, s, mask=mask))
-    return jax.jit(lambda key, x, s, mask: fssd_opt(key, x, s, mask=mask))
-
-
-def discrepancy(draws, key, shared, settings):
-    """The metric of ``num_draws`` of an arm's draws, equally spaced over its run,
-    against the full-data scores there (or the minibatch scores it recorded);
-    ``inf`` where not finite. Padded to ``num_draws`` rows (masked out), so one
-    compiled function scores every arm."""
-    num_draws = settings.num_draws
-    x, s = draws.take(num_draws)
-    m = len(x)
-    pad = np.repeat(x[-1:], num_draws - m, axis=0)
-    x = jnp.asarray(np.concatenate([x, pad]))
-    if s is None:
-        s = _full_scores(shared.objective, shared.pre, x)
-    else:
-        s = jnp.asarray(np.concatenate([s, np.repeat(s[-1:], len(pad), 0)]))
-    mask = jnp.arange(num_draws) < m
-    v = float(_score_function(settings.metric)(key, x, s, mask))
-    return v if np.isfinite(v) else math.inf
+        for j in lanes:
+            if num_bad[j]:
+                records.stopped.add(group.arms[j])
 
 
 def winner_kernel(factory, arm, tuned, problem, form, chunk_size):
