@@ -4,6 +4,7 @@
 # (see there; numpyro_sgbd.evaluation itself imports nothing).
 from numpyro_sgbd.evaluation import _arviz  # noqa: F401  # isort: skip
 from numpyro_sgbd._threefry import unroll_threefry_on_cpu, unrolled_threefry
+from numpyro_sgbd.enumeration import config_enumerate
 from numpyro_sgbd.estimators import GradientEstimate
 from numpyro_sgbd.evaluation.comparison import Comparison, compare, plot_marginals
 from numpyro_sgbd.evaluation.criticism import from_numpyro, full_data_log_likelihood
@@ -49,6 +50,7 @@ __all__ = [
     "Centre",
     "Comparison",
     "compare",
+    "config_enumerate",
     "ConvergenceWarning",
     "from_numpyro",
     "full_batch",

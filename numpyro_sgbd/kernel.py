@@ -122,6 +122,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         # evaluation rows, the estimator, the checked step and the compiled step.
         self._num_warmup = 0
         self._plates, self._z_shapes, self._plate_deterministic = None, None, ()
+        self._enumerate_dim = None
         self.log_likelihood_indices = None
         self._estimator = self._step_size = self._sample_impl = None
         self._batched = False

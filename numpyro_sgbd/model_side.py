@@ -13,6 +13,7 @@ from numpyro import handlers
 from numpyro.infer.util import ParamInfo, constrain_fn
 from numpyro.util import identity
 
+from numpyro_sgbd.enumeration import marginal_model
 from numpyro_sgbd.estimators import (
     ControlVariateEstimator,
     CustomEstimator,
@@ -120,7 +121,11 @@ class ModelSide:
         """
         if self._model is None or not self.log_likelihood_indices:
             return self._model
-        return handlers.substitute(self._model, data=self.log_likelihood_indices)
+        model = handlers.substitute(self._model, data=self.log_likelihood_indices)
+        if self._enumerate_dim is None:
+            return model
+        # Each datum's log-likelihood is its marginal over the enumerated sites.
+        return marginal_model(model, next(iter(self._plates)), self._enumerate_dim)
 
     def _build(self, model_args, model_kwargs):
         """Prepare the kernel from the model and its data
@@ -154,6 +159,7 @@ class ModelSide:
         info = prepared.info
         self._plates, self._z_shapes = info.plates, info.shapes
         self._plate_deterministic = info.deterministic
+        self._enumerate_dim = info.enumerate_dim
         self._setup, self._estimator = prepared.setup, prepared.estimator
         self.log_likelihood_indices = prepared.log_likelihood_indices
 
@@ -282,7 +288,8 @@ class ModelSide:
         model_kwargs = {} if model_kwargs is None else model_kwargs
         if self._plates is None:
             self._build(model_args, model_kwargs)
-        drop = self._plate_deterministic
+        # (With enumerated sites `self.model` sums them out: none is drawn.)
+        drop, model = self._plate_deterministic, self.model
 
         # One compiled function, kept per argument structure: NumPyro's loop
         # first calls it eagerly (to size its buffers). Inside the loop it is
@@ -290,9 +297,7 @@ class ModelSide:
         def make(rebuild):
             def constrained(z, arrays):
                 args, kwargs = rebuild(arrays)
-                out = constrain_fn(
-                    self.model, args, kwargs, z, return_deterministic=True
-                )
+                out = constrain_fn(model, args, kwargs, z, return_deterministic=True)
                 return {k: v for k, v in out.items() if k not in drop}
 
             return constrained

@@ -30,6 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.util import constrain_fn, potential_energy
 
+from numpyro_sgbd.enumeration import (
+    check_enumerated,
+    first_enumeration_dim,
+)
 from numpyro_sgbd.estimators import (
     MinibatchEstimator,
     as_jax_arrays,
@@ -86,17 +90,25 @@ def _subsample_plates(model, model_args, model_kwargs):
     """``{name: (size, subsample_size)}`` of the plates that subsample, from an
     abstract trace (:func:`jax.eval_shape`: op by op, it compiled some twenty
     one-operation programs)."""
+    return _model_facts(model, model_args, model_kwargs)[0]
+
+
+def _model_facts(model, model_args, model_kwargs):
+    """``(plates, enumerate_dim)``: :func:`_subsample_plates`' plates, and the
+    first enumeration dimension where the model has discrete sites to sum out
+    (checked: :func:`~numpyro_sgbd.enumeration.check_enumerated`), else
+    ``None``."""
     found = {}
 
-    def trace():  # only the static plate sizes leave
-        found.update(
-            subsample_plates(
-                sample_trace(SubsamplePlates(model), model_args, model_kwargs)
-            )
-        )
+    def trace():  # only static facts leave
+        traced = sample_trace(SubsamplePlates(model), model_args, model_kwargs)
+        plates = subsample_plates(traced)
+        found["plates"], found["dim"] = plates, None
+        if check_enumerated(traced, next(iter(plates)) if len(plates) == 1 else None):
+            found["dim"] = first_enumeration_dim(traced)
 
     jax.eval_shape(trace)
-    return found
+    return found["plates"], found["dim"]
 
 
 def full_data_objective(
@@ -121,7 +133,7 @@ def full_data_objective(
     model_kwargs = {} if model_kwargs is None else model_kwargs
     model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
     arrays, rebuild, key = split_arrays((model_args, model_kwargs))
-    plates = _subsample_plates(model, model_args, model_kwargs)
+    plates, enumerate_dim = _model_facts(model, model_args, model_kwargs)
     sharding = None
     if len(plates) == 1:
         ((name, (size, n)),) = plates.items()
@@ -131,7 +143,12 @@ def full_data_objective(
 
     def build():
         return _objective_programs(
-            model, plates, sharding, model_args, model_kwargs, rebuild, chunk_size
+            model,
+            (plates, sharding, enumerate_dim),
+            model_args,
+            model_kwargs,
+            rebuild,
+            chunk_size,
         )
 
     if key is not None:  # the programs' static sizes: shapes, plates, chunks
@@ -178,13 +195,13 @@ def _kept_programs(model, key, build):
     return programs
 
 
-def _objective_programs(
-    model, plates, sharding, model_args, model_kwargs, rebuild, chunk_size
-):
+def _objective_programs(model, facts, model_args, model_kwargs, rebuild, chunk_size):
     """``(start, unravel, value_and_grad, value_grad_hvp, num_data)`` of
     :func:`full_data_objective`: compiled functions whose last argument is the
     array leaves of the model's arguments, so that they serve any data of the
-    same structure."""
+    same structure. ``facts``: the subsample plates, the data's sharding and
+    the first enumeration dimension (:func:`_model_facts`)."""
+    plates, sharding, enumerate_dim = facts
     widened = full_batch(model)
     start = median_start_program(widened, rebuild)
     shapes = jax.eval_shape(
@@ -195,7 +212,10 @@ def _objective_programs(
     if len(plates) == 1:
         ((name, (size, n)),) = plates.items()
         estimator = MinibatchEstimator(
-            model, {name: (size, n, None)}, sharding=sharding
+            model,
+            {name: (size, n, None)},
+            sharding=sharding,
+            enumerate_dim=enumerate_dim,
         )
         run, _ = estimator.full_data_parts(model_args, model_kwargs, chunk_size)
 

@@ -26,6 +26,7 @@ from numpyro.infer.util import find_valid_initial_params, initialize_model
 from numpyro.util import not_jax_tracer
 
 from numpyro_sgbd import preconditioning
+from numpyro_sgbd.enumeration import check_enumerated, first_enumeration_dim
 from numpyro_sgbd.estimators import (
     ControlVariateEstimator,
     MinibatchEstimator,
@@ -118,16 +119,25 @@ class ModelInfo(NamedTuple):
     :ivar dict shapes: the unconstrained shape of each latent site.
     :ivar tuple deterministic: the deterministic sites inside a subsample plate
         (left out of the draws: they have a minibatch's shape).
+    :ivar int enumerate_dim: where the model has discrete sites marked for
+        enumeration, the first enumeration dimension (left of its plates); they
+        are summed out datum by datum (:mod:`~numpyro_sgbd.enumeration`).
+        ``None`` otherwise.
     """
 
     plates: dict
     shapes: dict
     deterministic: tuple
+    enumerate_dim: Any = None
 
 
 def _read_sites(trace, plates):
-    """``(dims, shapes, deterministic)`` from a traced model; raises on a
-    discrete latent site or a latent site inside a subsample plate."""
+    """``(dims, shapes, deterministic, enumerate_dim)`` from a traced model;
+    raises on a discrete latent site the kernels cannot sum out
+    (:func:`~numpyro_sgbd.enumeration.check_enumerated`) or a continuous latent
+    site inside a subsample plate."""
+    plate = next(iter(plates)) if len(plates) == 1 else None
+    enumerated = check_enumerated(trace, plate)
     dims, shapes, deterministic = {}, {}, []
     for name, site in trace.items():
         in_plates = [f for f in site.get("cond_indep_stack", []) if f.name in plates]
@@ -139,12 +149,8 @@ def _read_sites(trace, plates):
             for frame in in_plates:
                 dims[frame.name] = frame.dim
             continue
-        if site["fn"].support.is_discrete:
-            raise ValueError(
-                f"Site '{name}' is a discrete latent variable; stochastic-gradient "
-                "kernels need continuous parameters. Marginalise it out (e.g. "
-                "with a mixture distribution) or observe it."
-            )
+        if name in enumerated:
+            continue
         if in_plates:
             raise ValueError(
                 f"Site '{name}' is a latent variable inside the subsample plate "
@@ -153,7 +159,8 @@ def _read_sites(trace, plates):
             )
         unconstrained = biject_to(site["fn"].support).inv(site["value"])
         shapes[name] = tuple(jnp.shape(unconstrained))
-    return dims, shapes, tuple(deterministic)
+    enumerate_dim = first_enumeration_dim(trace) if enumerated else None
+    return dims, shapes, tuple(deterministic), enumerate_dim
 
 
 def trace_model(model, model_args, model_kwargs):
@@ -180,7 +187,7 @@ def trace_model(model, model_args, model_kwargs):
         found["out"] = (plates, *_read_sites(trace, plates))
 
     jax.eval_shape(structure)
-    plates, dims, shapes, deterministic = found["out"]
+    plates, dims, shapes, deterministic, enumerate_dim = found["out"]
     if not plates:
         warnings.warn(
             "The model has no subsampled plate, so every step uses the full data "
@@ -190,7 +197,7 @@ def trace_model(model, model_args, model_kwargs):
             stacklevel=5,
         )
     plates = {name: (size, n, dims.get(name)) for name, (size, n) in plates.items()}
-    return ModelInfo(plates, shapes, deterministic)
+    return ModelInfo(plates, shapes, deterministic, enumerate_dim)
 
 
 def evaluation_indices(plates, log_likelihood_size):
@@ -209,9 +216,12 @@ def evaluation_indices(plates, log_likelihood_size):
     }
 
 
-def build_estimator(model, plates, noise_form, *, replace, preconditioner, sharding):
+def build_estimator(
+    model, plates, noise_form, *, replace, preconditioner, sharding, enumerate_dim
+):
     """The minibatch estimator over ``plates``, with the noise the sampler needs
-    (``noise_form``: ``None``, ``"sd"`` or a covariance form)."""
+    (``noise_form``: ``None``, ``"sd"`` or a covariance form), summing out the
+    enumerated sites from ``enumerate_dim`` (``None``: none)."""
     rows = None
     if len(plates) == 1 and preconditioner is not None:
         ((_, n, _),) = plates.values()
@@ -229,6 +239,7 @@ def build_estimator(model, plates, noise_form, *, replace, preconditioner, shard
         pullback=None if preconditioner is None else preconditioner.pull,
         sharding=sharding,
         noise_rows=rows,
+        enumerate_dim=enumerate_dim,
     )
 
 
@@ -368,6 +379,7 @@ def prepare(model, model_args, model_kwargs, request, setup, choose):
         replace=request.replace,
         preconditioner=setup.preconditioner,
         sharding=sharding,
+        enumerate_dim=info.enumerate_dim,
     )
     if gradient == "control_variates":
         estimator, setup = control_variates(

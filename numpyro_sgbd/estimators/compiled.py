@@ -100,7 +100,9 @@ def median_start_program(model, rebuild):
         return {
             name: biject_to(site["fn"].support).inv(site["value"])
             for name, site in trace.items()
-            if site["type"] == "sample" and not site["is_observed"]
+            if site["type"] == "sample"
+            and not site["is_observed"]
+            and not site["fn"].support.is_discrete  # summed out, not sampled
         }
 
     return start

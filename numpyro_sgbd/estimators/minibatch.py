@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from numpyro.handlers import substitute
 from numpyro.infer.util import _unconstrain_reparam, log_density
 
+from numpyro_sgbd.enumeration import enumerated_log_joint
 from numpyro_sgbd.estimators.base import Estimator, GradientEstimate
 from numpyro_sgbd.estimators.compiled import as_jax_arrays, split_arrays
 from numpyro_sgbd.estimators.indices import (
@@ -83,6 +84,9 @@ class MinibatchEstimator(Estimator):
         :class:`~numpyro_sgbd.sharding.DataSharding` of the model's data: every
         estimate and full-data pass then runs shard by shard
         (:meth:`map_shards`).
+    :param int enumerate_dim: ``None``, or the first enumeration dimension (left
+        of the model's plates): discrete sites marked for enumeration are then
+        summed out datum by datum (:mod:`~numpyro_sgbd.enumeration`).
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class MinibatchEstimator(Estimator):
         pullback=None,
         sharding=None,
         noise_rows=None,
+        enumerate_dim=None,
     ):
         noise = _checked_noise(plates, noise, covariance, per_datum)
         self.model = model
@@ -107,7 +112,7 @@ class MinibatchEstimator(Estimator):
         self.per_datum = per_datum
         self.pullback = pullback
         self.sharding = sharding
-        self.noise_rows = noise_rows
+        self.noise_rows, self.enumerate_dim = noise_rows, enumerate_dim
         #: The estimator on one shard (``None`` without sharding).
         self.local = None
         if sharding is not None:
@@ -123,6 +128,7 @@ class MinibatchEstimator(Estimator):
                 per_datum=per_datum,
                 pullback=pullback,
                 noise_rows=noise_rows,
+                enumerate_dim=enumerate_dim,
             )
 
     def _pull(self, grad, per_datum_grads=None):
@@ -173,12 +179,11 @@ class MinibatchEstimator(Estimator):
         """
         model = fix_plates(self.model, indices)
         model = substitute(model, substitute_fn=partial(_unconstrain_reparam, z))
-        log_joint, trace = log_density(model, model_args, model_kwargs, {})
         with_terms = self.noise if with_terms is None else with_terms
-        if not with_terms or not self.plates:
-            return -log_joint, None
-        ((name, _),) = self.plates.items()
-        return -log_joint, _plate_terms(trace, name, jnp.shape(indices[name])[0])
+        name = next(iter(self.plates), None)
+        data = (model_args, model_kwargs)
+        log_joint, terms = _log_joint(model, data, name, self.enumerate_dim, with_terms)
+        return -log_joint, terms
 
     def __call__(self, rng_key, z, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
@@ -460,6 +465,21 @@ def _reducers(axis_name):
     total = partial(jax.lax.psum, axis_name=axis_name)
     gather = partial(jax.lax.all_gather, axis_name=axis_name, axis=1, tiled=True)
     return total, gather
+
+
+def _log_joint(model, data, name, enumerate_dim, with_terms):
+    """``(log joint, per-datum terms or None)`` of ``model`` (its latent sites
+    and plates fixed) on ``data``: its enumerated discrete sites summed out datum
+    by datum from ``enumerate_dim`` (:mod:`~numpyro_sgbd.enumeration`), else
+    NumPyro's ``log_density``; the terms of the plate ``name`` where
+    ``with_terms`` and there is a subsample plate."""
+    if enumerate_dim is not None:
+        log_joint, terms = enumerated_log_joint(model, *data, name, enumerate_dim)
+        return log_joint, terms if with_terms else None
+    log_joint, trace = log_density(model, *data, {})
+    if not with_terms or name is None:
+        return log_joint, None
+    return log_joint, _plate_terms(trace, name, jnp.shape(trace[name]["value"])[0])
 
 
 def _plate_terms(trace, name, n):

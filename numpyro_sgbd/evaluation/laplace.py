@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.hmc_util import build_adaptation_schedule
-from numpyro.infer.util import constrain_fn, potential_energy
+from numpyro.infer.util import constrain_fn
 
+from numpyro_sgbd.enumeration import potential_energy, valued
 from numpyro_sgbd.estimators import split_arrays
 from numpyro_sgbd.modes import check_mode, find_mode, full_data_objective, mode_hessian
 from numpyro_sgbd.preconditioning import Preconditioner, lowrank
@@ -194,10 +195,12 @@ def _whitened_nuts(widened, model_args, model_kwargs, whitening, unravel):
     def potential_fn(u):
         return flat_potential(whitening.to_z(u), arrays)
 
+    model = valued(widened, model_args, model_kwargs)  # enumerated sites valued
+
     def constrain(u):
         z = unravel(whitening.to_z(u))
         return constrain_fn(
-            widened, model_args, model_kwargs, z, return_deterministic=True
+            model, model_args, model_kwargs, z, return_deterministic=True
         )
 
     def to_posterior(u):
