@@ -68,20 +68,18 @@ def _enumerate_config(site):
 
 def config_enumerate(fn):
     """Mark every latent site of ``fn`` whose distribution can enumerate its
-        support for parallel enumeration, as
-        ``numpyro.contrib.funsor.config_enumerate`` marks them (and usable as a
-        decorator), without funsor, which NumPyro's version imports. A site's own
-        ``infer={"enumerate": ...}`` is kept.
+    support for parallel enumeration, as
+    ``numpyro.contrib.funsor.config_enumerate`` marks them (and usable as a
+    decorator), without funsor, which NumPyro's version imports. A site's own
+    ``infer={"enumerate": ...}`` is kept.
 
-        >>> import numpyro, numpyro.distributions as dist
-        >>> import numpyro
-    from numpyro import handlers
-    from numpyro.distributions import Distribution
-        >>> @config_enumerate
-        ... def model():
-        ...     numpyro.sample("c", dist.Bernoulli(0.3))
-        >>> handlers.trace(handlers.seed(model, 0)).get_trace()["c"]["infer"]
-        {'enumerate': 'parallel'}
+    >>> import numpyro, numpyro.distributions as dist
+    >>> from numpyro import handlers
+    >>> @config_enumerate
+    ... def model():
+    ...     numpyro.sample("c", dist.Bernoulli(0.3))
+    >>> handlers.trace(handlers.seed(model, 0)).get_trace()["c"]["infer"]
+    {'enumerate': 'parallel'}
     """
     return handlers.infer_config(fn, _enumerate_config)
 
