@@ -148,8 +148,9 @@ def check_enumerated(trace, plate):
                 f"Site '{name}' is a discrete latent variable that is not marked "
                 "for enumeration; stochastic-gradient kernels sample continuous "
                 "parameters and sum discrete ones out. Decorate the model with "
-                "numpyro.infer.config_enumerate (or give the site infer="
-                '{"enumerate": "parallel"}), as for NUTS, or marginalise it by '
+                "numpyro_sgbd.config_enumerate (or NumPyro's, in "
+                "numpyro.contrib.funsor), or give the site infer="
+                '{"enumerate": "parallel"}, as for NUTS; or marginalise it by '
                 "hand."
             )
         frames = [f for f in site["cond_indep_stack"] if f.dim is not None]
