@@ -50,6 +50,14 @@ def make_data(num_data, num_weights, k, seed=0):
 
 def seconds(make_kernel, data, num_samples):
     """Wall seconds of one run less XLA's compile seconds in it."""
+    init = {"w": jnp.zeros(data[-1]), "sigma": jnp.array(0.5)}
+    return run_seconds(make_kernel(), data[:3], init, num_samples)
+
+
+def run_seconds(kernel, model_args, init, num_samples):
+    """Wall seconds of ``MCMC(kernel).run(key, *model_args, init_params=init)``
+    (no warmup, ``num_samples`` draws, ``jit_model_args=True``, bar off) less
+    XLA's compile seconds in it (also for benchmarks/enumerated_cost.py)."""
     compiling = []
 
     def listener(event, duration, **kwargs):
@@ -57,19 +65,18 @@ def seconds(make_kernel, data, num_samples):
             compiling.append(duration)
 
     mcmc = MCMC(
-        make_kernel(),
+        kernel,
         num_warmup=0,
         num_samples=num_samples,
         progress_bar=False,
         jit_model_args=True,
     )
-    init = {"w": jnp.zeros(data[-1]), "sigma": jnp.array(0.5)}
     monitoring.register_event_duration_secs_listener(listener)
     start = time.perf_counter()
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
-            mcmc.run(random.key(0), *data[:3], init_params=init)
+            mcmc.run(random.key(0), *model_args, init_params=init)
             jax.block_until_ready(mcmc.get_samples())
     finally:
         monitoring.unregister_event_duration_listener(listener)
