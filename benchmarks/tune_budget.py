@@ -14,24 +14,14 @@ import argparse
 import time
 
 import jax
-import numpyro
-import numpyro.distributions as dist
 from run import make_data
+from tune_vectorize import make_model
 
 from numpyro_sgbd import tune
 
 
-def make_model(dim):
-    def model(X, y):
-        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([dim]).to_event(1))
-        with numpyro.plate("data", X.shape[0], subsample_size=100) as idx:
-            numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
-
-    return model
-
-
 def main(args):
-    model = make_model(args.dim)
+    model = make_model(args.dim, prior_sd=1.0)
     phases = ("setup", "compile", "sampling", "scoring", "total")
     header = (
         f"{'N':>9}{'T':>6}{'wall':>8}{'bound':>8}"

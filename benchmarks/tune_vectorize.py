@@ -22,9 +22,12 @@ from run import make_data
 from numpyro_sgbd import tune, unroll_threefry_on_cpu
 
 
-def make_model(dim):
+def make_model(dim, prior_sd=3.0):
+    """The benchmark's logistic regression (also benchmarks/tune_budget.py's,
+    with N(0, 1) priors), the data plate declared with n = 100."""
+
     def model(X, y):
-        w = numpyro.sample("w", dist.Normal(0.0, 3.0).expand([dim]).to_event(1))
+        w = numpyro.sample("w", dist.Normal(0.0, prior_sd).expand([dim]).to_event(1))
         with numpyro.plate("data", X.shape[0], subsample_size=100) as idx:
             numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
 

@@ -47,6 +47,7 @@ __all__ = [
     "constrained_sites",
     "enumerate_sites",
     "enumerated_log_joint",
+    "enumeration_dim",
     "first_enumeration_dim",
     "is_enumerated",
     "marginal_model",
@@ -130,6 +131,15 @@ def first_enumeration_dim(trace):
         if f.dim is not None
     ]
     return min(dims, default=0) - 1
+
+
+def enumeration_dim(trace, plates):
+    """The first enumeration dimension (:func:`first_enumeration_dim`) where
+    ``trace`` has discrete latent sites, all of which the kernels can sum out
+    over the subsample plate of ``plates`` (checked: :func:`check_enumerated`);
+    ``None`` where it has none."""
+    plate = next(iter(plates)) if len(plates) == 1 else None
+    return first_enumeration_dim(trace) if check_enumerated(trace, plate) else None
 
 
 def check_enumerated(trace, plate):
@@ -239,11 +249,18 @@ class _Marginal(Distribution):
         return self.log_density
 
     def sample(self, key, sample_shape=()):
-        raise NotImplementedError(
-            "the marginal likelihood of an enumerated plate is for "
-            "log_likelihood only; predict with Predictive(full_batch(model), "
-            "samples, infer_discrete=True)."
-        )
+        raise NotImplementedError(_FOR_LOG_LIKELIHOOD)
+
+
+#: Why :func:`marginal_model` (a kernel's ``model`` with enumerated sites) does
+#: not draw data: its observed site is each datum's marginal likelihood.
+_FOR_LOG_LIKELIHOOD = (
+    "A kernel's model with enumerated discrete sites gives each datum's "
+    "marginal log-likelihood (for log_likelihood and ArviZ) and draws no data: "
+    "predict with Predictive(full_batch(model), samples) on your own model "
+    "(each new datum's discrete site drawn given the draws), and recover the "
+    "data's discrete sites with infer_discrete=True."
+)
 
 
 def marginal_model(model, plate, first_dim):
@@ -269,6 +286,8 @@ def marginal_model(model, plate, first_dim):
             and site["is_observed"]
             and plate in [f.name for f in site["cond_indep_stack"]]
         ]
+        if not observed:  # called without the data: a prediction
+            raise NotImplementedError(_FOR_LOG_LIKELIHOOD)
         numpyro.sample(
             observed[0]["name"], _Marginal(per_datum), obs=observed[0]["value"]
         )

@@ -30,10 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.util import constrain_fn, potential_energy
 
-from numpyro_sgbd.enumeration import (
-    check_enumerated,
-    first_enumeration_dim,
-)
+from numpyro_sgbd.enumeration import enumeration_dim
 from numpyro_sgbd.estimators import (
     MinibatchEstimator,
     as_jax_arrays,
@@ -103,9 +100,7 @@ def _model_facts(model, model_args, model_kwargs):
     def trace():  # only static facts leave
         traced = sample_trace(SubsamplePlates(model), model_args, model_kwargs)
         plates = subsample_plates(traced)
-        found["plates"], found["dim"] = plates, None
-        if check_enumerated(traced, next(iter(plates)) if len(plates) == 1 else None):
-            found["dim"] = first_enumeration_dim(traced)
+        found["plates"], found["dim"] = plates, enumeration_dim(traced, plates)
 
     jax.eval_shape(trace)
     return found["plates"], found["dim"]

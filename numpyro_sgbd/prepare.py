@@ -26,7 +26,7 @@ from numpyro.infer.util import find_valid_initial_params, initialize_model
 from numpyro.util import not_jax_tracer
 
 from numpyro_sgbd import preconditioning
-from numpyro_sgbd.enumeration import check_enumerated, first_enumeration_dim
+from numpyro_sgbd.enumeration import enumeration_dim, is_enumerated
 from numpyro_sgbd.estimators import (
     ControlVariateEstimator,
     MinibatchEstimator,
@@ -136,8 +136,7 @@ def _read_sites(trace, plates):
     raises on a discrete latent site the kernels cannot sum out
     (:func:`~numpyro_sgbd.enumeration.check_enumerated`) or a continuous latent
     site inside a subsample plate."""
-    plate = next(iter(plates)) if len(plates) == 1 else None
-    enumerated = check_enumerated(trace, plate)
+    enumerate_dim = enumeration_dim(trace, plates)
     dims, shapes, deterministic = {}, {}, []
     for name, site in trace.items():
         in_plates = [f for f in site.get("cond_indep_stack", []) if f.name in plates]
@@ -149,7 +148,7 @@ def _read_sites(trace, plates):
             for frame in in_plates:
                 dims[frame.name] = frame.dim
             continue
-        if name in enumerated:
+        if is_enumerated(site):  # summed out (checked above)
             continue
         if in_plates:
             raise ValueError(
@@ -159,7 +158,6 @@ def _read_sites(trace, plates):
             )
         unconstrained = biject_to(site["fn"].support).inv(site["value"])
         shapes[name] = tuple(jnp.shape(unconstrained))
-    enumerate_dim = first_enumeration_dim(trace) if enumerated else None
     return dims, shapes, tuple(deterministic), enumerate_dim
 
 
