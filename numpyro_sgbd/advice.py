@@ -40,6 +40,9 @@ class RunFacts(NamedTuple):
     dim: int = 0
     #: Warmup samples of this run.
     num_warmup: int = 0
+    #: Whether the model has local sites (:mod:`~numpyro_sgbd.local_sites`),
+    #: which ``step_size=None`` does not take.
+    local: bool = False
 
 
 def _one_plate(facts):
@@ -109,17 +112,23 @@ def drift_remedies(facts):
     >>> any("step_size=None" in r for r in drift_remedies(facts._replace(
     ...     adaptive=False)))
     True
+    >>> any("step_size=None" in r for r in drift_remedies(facts._replace(
+    ...     adaptive=False, local=True)))  # local sites: not available
+    False
     """
     remedies = [
         f"raise num_warmup (now {facts.num_warmup:,}): the chain may not have "
         "reached the posterior",
         "raise num_samples",
     ]
-    if not facts.adaptive:
-        remedies.append(
-            "use step_size=None to adapt the start, the preconditioner and the step"
-        )
-    return remedies + _nuts_affordable(facts)
+    return remedies + _adapting(facts) + _nuts_affordable(facts)
+
+
+def _adapting(facts):
+    """``step_size=None``, where the run gave a step and the model takes it."""
+    if facts.adaptive or facts.local:
+        return []
+    return ["use step_size=None to adapt the start, the preconditioner and the step"]
 
 
 def convergence_remedies(facts, *, ess, rhat, num_samples, warned=()):
@@ -147,11 +156,7 @@ def convergence_remedies(facts, *, ess, rhat, num_samples, warned=()):
         )
     if "step" in warned:
         remedies.append("see the warning on the step the gradient noise held down")
-    if not facts.adaptive:
-        remedies.append(
-            "use step_size=None to adapt the start, the preconditioner and the step"
-        )
-    return remedies + _nuts_affordable(facts)
+    return remedies + _adapting(facts) + _nuts_affordable(facts)
 
 
 def nonfinite_remedies(facts):

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from numpyro_sgbd import preconditioning
 from numpyro_sgbd.estimators import _finite_tree
 from numpyro_sgbd.estimators.base import GradientEstimate
+from numpyro_sgbd.local_sites import global_sites
 from numpyro_sgbd.updates._tree import tree_mean
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "adapt_step",
     "aux_field",
     "build_kernel",
+    "global_sites",
     "gradient_at_end",
     "scale_steps",
     "split_init_key",
@@ -343,18 +345,31 @@ def _initial_noise(family, z, estimate_noise):
     )
 
 
-def _estimate_in_x(family, estimate, pre, key, like, model_args, model_kwargs, centre):
+def _estimate_in_x(parts, key, like, model_args, model_kwargs, centre, local=None):
     """``estimate_fn(x)``: the estimator at x through ``key`` and the chain's
-    centre, with its gradient in x's form."""
+    centre, with its gradient in x's form. ``like`` is the chain's z, with the
+    local sites' rows; ``local``, ``(key_move, LocalState, i)`` where the rows of
+    this minibatch move first, given x (the estimate then carries them)."""
 
     def estimate_fn(x):
-        z = to_z(pre, x, like, family.flat)
-        est = estimate(key, z, model_args, model_kwargs, centre)
-        if family.flat:
+        z, moved = _z_at(parts, x, like), None
+        if local is not None:
+            z, step = parts.local.update(key, *local, z, model_args, model_kwargs)
+            moved = ({k: z[k] for k in parts.local.names}, step)
+        est = parts.estimate(key, z, model_args, model_kwargs, centre)
+        if parts.family.flat:
             est = est._replace(z_grad=ravel_pytree(est.z_grad)[0])
-        return est
+        return est._replace(local=moved)
 
     return estimate_fn
+
+
+def _z_at(parts, x, like):
+    names = parts.local and parts.local.names  # z at x, with like's local sites
+    z = to_z(
+        parts.adaptation.preconditioner, x, global_sites(like, names), parts.family.flat
+    )
+    return {**like, **z} if names else z
 
 
 def to_x(pre, z, flat=False):
@@ -421,6 +436,7 @@ class _Parts(NamedTuple):
     allowed: Callable
     state_of: Callable
     aux_of: Callable
+    local: Any = None
 
 
 def _default_allowed(family, adaptation, bound, state):
@@ -434,20 +450,23 @@ def _init_kernel(parts, rng_key, z, model_args, model_kwargs):
     rng_key, key_init, key_est = (family.split_init_key or split_init_key)(rng_key)
     centre = parts.initial_centre(z, model_args, model_kwargs)
     est = parts.estimate(key_est, z, model_args, model_kwargs, centre)
-    x = to_x(adaptation.preconditioner, z, family.flat)
+    z_global = global_sites(z, parts.local and parts.local.names)
+    x = to_x(adaptation.preconditioner, z_global, family.flat)
     aux = family.init(x, key_init, **family.init_kwargs)
+    local = {} if parts.local is None else {"local": parts.local.init()}
     state = family.state_type(
         i=jnp.array(0),
         z=z,
         potential_energy_estimate=jnp.asarray(
             est.potential_energy, jnp.result_type(float)
         ),
-        **_initial_fields(family, z, est, x),
+        **_initial_fields(family, z_global, est, x),
         num_nonfinite=jnp.array(0),
         centre=centre,
         rng_key=rng_key,
-        scale=initial_scale(adaptation, ravel_pytree(z)[0]),
+        scale=initial_scale(adaptation, ravel_pytree(z_global)[0]),
         **parts.state_of(aux),
+        **local,
     )
     if adaptation.fixed_step is None:
         state = state._replace(step_size=parts.allowed(state))
@@ -457,20 +476,14 @@ def _init_kernel(parts, rng_key, z, model_args, model_kwargs):
 def _move(parts, state, key_move, key_est, model_args, model_kwargs):
     """The family's step from ``state``: ``(aux, estimate, info)``."""
     family, adaptation = parts.family, parts.adaptation
-    pre = adaptation.preconditioner
+    pre, names = adaptation.preconditioner, parts.local and parts.local.names
     step, step_kwargs = step_size(adaptation, state), family.step_kwargs
     if state.scale is not None:
         in_scale = family.in_scale or scale_steps
         step, step_kwargs = in_scale(step, step_kwargs, state.scale.scale)
+    local = None if parts.local is None else (key_move, state.local, state.i)
     estimate_fn = _estimate_in_x(
-        family,
-        parts.estimate,
-        pre,
-        key_est,
-        state.z,
-        model_args,
-        model_kwargs,
-        state.centre,
+        parts, key_est, state.z, model_args, model_kwargs, state.centre, local
     )
     held = noise_sd = None
     if family.keeps_gradient:
@@ -478,7 +491,7 @@ def _move(parts, state, key_move, key_est, model_args, model_kwargs):
         noise_sd = state.noise_sd
     return family.step(
         key_move,
-        parts.aux_of(state, to_x(pre, state.z, family.flat)),
+        parts.aux_of(state, to_x(pre, global_sites(state.z, names), family.flat)),
         estimate_fn,
         step,
         estimate=held,
@@ -494,7 +507,9 @@ def _sample_kernel(parts, state, model_args, model_kwargs):
     family, adaptation = parts.family, parts.adaptation
     rng_key, key_move, key_est = random.split(state.rng_key, 3)
     aux, est, info = _move(parts, state, key_move, key_est, model_args, model_kwargs)
-    z = to_z(adaptation.preconditioner, aux.z, state.z, family.flat)
+    z, local = _z_at(parts, aux.z, state.z), {}
+    if est.local is not None:  # the rows the last estimate moved and read
+        z, local = {**z, **est.local[0]}, {"local": est.local[1]}
     noise = _kept_noise(family, state, est, info, aux.z)
     stat_dtype = noise["mean_noise_sd"].dtype
     potential = jnp.asarray(est.potential_energy, jnp.result_type(float))
@@ -516,6 +531,7 @@ def _sample_kernel(parts, state, model_args, model_kwargs):
         },
         rng_key=rng_key,
         **kept,
+        **local,
     )
     moved = adapt_scale(adaptation, moved)
     if family.rescale is not None and state.scale is not None:
@@ -525,7 +541,13 @@ def _sample_kernel(parts, state, model_args, model_kwargs):
 
 
 def build_kernel(
-    family, estimate, initial_centre, adaptation, bound=noise_step_bound, allowed=None
+    family,
+    estimate,
+    initial_centre,
+    adaptation,
+    bound=noise_step_bound,
+    allowed=None,
+    local=None,
 ):
     """``(init_kernel, sample_kernel)`` for one chain of ``family``'s rule with
     gradients from ``estimate`` and warmup by ``adaptation``.
@@ -538,7 +560,8 @@ def build_kernel(
     the scales and the step (:func:`adapt_scale`, :func:`adapt_step`) and
     refuses a non-finite move (:func:`guard`). ``allowed(state)`` is the step
     the noise allows now; by default :func:`step_allowed` with ``bound(family,
-    largest noise sd)`` (:func:`noise_step_bound`).
+    largest noise sd)`` (:func:`noise_step_bound`). ``local``: the local sites'
+    :class:`~numpyro_sgbd.local_sites.LocalUpdate` (run as a step estimates).
     """
     if allowed is None:
         allowed = partial(_default_allowed, family, adaptation, bound)
@@ -547,7 +570,7 @@ def build_kernel(
     else:
         state_of, aux_of = family.state_of, family.aux_of
     parts = _Parts(
-        family, estimate, initial_centre, adaptation, allowed, state_of, aux_of
+        family, estimate, initial_centre, adaptation, allowed, state_of, aux_of, local
     )
     return partial(_init_kernel, parts), partial(_sample_kernel, parts)
 

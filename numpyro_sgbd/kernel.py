@@ -23,6 +23,7 @@ from numpyro.util import is_prng_key
 
 from numpyro_sgbd import advice, core, preconditioning, steps_per_sample
 from numpyro_sgbd.estimators import Centre, with_setup
+from numpyro_sgbd.local_sites import local_update
 from numpyro_sgbd.model_side import ModelSide
 from numpyro_sgbd.monitoring import Monitor, wall_time
 from numpyro_sgbd.monitoring.run import (
@@ -122,7 +123,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         # evaluation rows, the estimator, the checked step and the compiled step.
         self._num_warmup = 0
         self._plates, self._z_shapes, self._plate_deterministic = None, None, ()
-        self._enumerate_dim = None
+        self._enumerate_dim, self._local = None, {}
         self.log_likelihood_indices = None
         self._estimator = self._step_size = self._sample_impl = None
         self._batched = False
@@ -216,6 +217,9 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
             self._adaptation(values.preconditioner),
             bound=lambda family, largest: self._noise_step_bound(largest),
             allowed=self._step_allowed,
+            local=local_update(self._estimator, self._local, self._num_warmup)
+            if self._local
+            else None,
         )
 
     def _init_state(self, rng_key, z, model_args, model_kwargs, values):
@@ -262,7 +266,8 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         )
         one_z = jax.tree.map(lambda x: x[0], z) if batched else z
         with eager_if_traced((rng_key, model_args, model_kwargs)):
-            self._prepare(self._shapes_of(one_z), one_z)
+            one_global = core.global_sites(one_z, tuple(self._local))
+            self._prepare(self._shapes_of(one_z), one_global)
         self._batched = batched
         if self._model is None:
             self._probe(one_z, model_args, model_kwargs)
@@ -315,8 +320,9 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
             gradient=None if self._model is None else self._gradient,
             adaptive=self._step_size_arg is None,
             plates=plates,
-            dim=dimension(self._z_shapes or {}),
+            dim=dimension(self._draw_shapes),
             num_warmup=self._num_warmup // self._num_steps,
+            local=bool(self._local),
         )
 
     def get_diagnostics_str(self, state):

@@ -19,6 +19,12 @@ from numpyro_sgbd.estimators import (
     CustomEstimator,
     PotentialEstimator,
 )
+from numpyro_sgbd.local_sites import (
+    constrained_local,
+    gather_local,
+    gather_rows,
+    initial_local,
+)
 from numpyro_sgbd.prepare import (
     CentreRequest,
     Request,
@@ -122,6 +128,8 @@ class ModelSide:
         if self._model is None or not self.log_likelihood_indices:
             return self._model
         model = handlers.substitute(self._model, data=self.log_likelihood_indices)
+        if self._local:  # draws hold every row of the local sites
+            model = gather_rows(model, self._local, self.log_likelihood_indices)
         if self._enumerate_dim is None:
             return model
         # Each datum's log-likelihood is its marginal over the enumerated sites.
@@ -159,7 +167,7 @@ class ModelSide:
         info = prepared.info
         self._plates, self._z_shapes = info.plates, info.shapes
         self._plate_deterministic = info.deterministic
-        self._enumerate_dim = info.enumerate_dim
+        self._enumerate_dim, self._local = info.enumerate_dim, info.local
         self._setup, self._estimator = prepared.setup, prepared.estimator
         self.log_likelihood_indices = prepared.log_likelihood_indices
 
@@ -211,19 +219,30 @@ class ModelSide:
                     "mcmc.run(rng_key, init_params=...)."
                 )
             return rng_key, init_params
+        given = {} if init_params is None else dict(init_params)
+        local = {k: given.pop(k) for k in self._local if k in given}
+        if self._local and not local:
+            key = random.fold_in(key_init[0] if batched else key_init, 2)
+            chains = jnp.shape(rng_key)[:1] if batched else ()
+            local = initial_local(key, self._local, chains)
         if init_params is not None:
-            check_init_params(init_params, self._z_shapes)
-            return rng_key, init_params
+            check_init_params(given, self._z_shapes)
+            return rng_key, {**given, **local}
+        model = self.model
+        if self._local:  # the global sites' start, given the local sites' rows
+            one = jax.tree.map(lambda x: x[0], local) if batched else local
+            rows = gather_local(one, self._local, *self.log_likelihood_indices.values())
+            model = handlers.condition(model, constrained_local(rows, self._local))
         z = initial_params(
             self._programs["init_params"],
-            self.model,
+            model,
             self._init_strategy,
             self._z_shapes,
             key_init,
             model_args,
             model_kwargs,
         )
-        return rng_key, z
+        return rng_key, {**z, **local}
 
     def _shapes_of(self, one_z):
         """The latent sites' shapes: the model's, or those of ``one_z`` (one
@@ -233,6 +252,12 @@ class ModelSide:
         if isinstance(one_z, dict):
             return {k: tuple(jnp.shape(v)) for k, v in one_z.items()}
         return jax.tree.map(lambda x: tuple(jnp.shape(x)), one_z)
+
+    @property
+    def _draw_shapes(self):
+        """The shapes of every site in z, the local sites' N rows included."""
+        local = {k: s.shape for k, s in self._local.items()}
+        return {**(self._z_shapes or {}), **local}
 
     def _probe(self, one_z, model_args, model_kwargs):
         """A user's potential_fn or gradient_fn: its estimate checked before
@@ -290,6 +315,7 @@ class ModelSide:
             self._build(model_args, model_kwargs)
         # (With enumerated sites `self.model` sums them out: none is drawn.)
         drop, model = self._plate_deterministic, self.model
+        local, indices = self._local, self.log_likelihood_indices
 
         # One compiled function, kept per argument structure: NumPyro's loop
         # first calls it eagerly (to size its buffers). Inside the loop it is
@@ -297,7 +323,13 @@ class ModelSide:
         def make(rebuild):
             def constrained(z, arrays):
                 args, kwargs = rebuild(arrays)
-                out = constrain_fn(model, args, kwargs, z, return_deterministic=True)
+                # The model reads the evaluation rows of the local sites; the
+                # draws hold all their N rows.
+                rows = local and gather_local(z, local, *indices.values())
+                out = constrain_fn(
+                    model, args, kwargs, {**z, **rows}, return_deterministic=True
+                )
+                out.update(constrained_local(z, local))
                 return {k: v for k, v in out.items() if k not in drop}
 
             return constrained

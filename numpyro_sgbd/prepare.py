@@ -35,6 +35,7 @@ from numpyro_sgbd.estimators import (
     split_arrays,
 )
 from numpyro_sgbd.handlers import SubsamplePlates, sample_trace, subsample_plates
+from numpyro_sgbd.local_sites import local_site
 from numpyro_sgbd.setup import Setup, dimension, find_centre, find_preconditioner
 from numpyro_sgbd.sharding import data_sharding
 from numpyro_sgbd.validation import check_plate_data
@@ -123,21 +124,26 @@ class ModelInfo(NamedTuple):
         enumeration, the first enumeration dimension (left of its plates); they
         are summed out datum by datum (:mod:`~numpyro_sgbd.enumeration`).
         ``None`` otherwise.
+    :ivar dict local: ``{name: LocalSite}`` of the latent sites inside the
+        subsample plate, sampled row by row (:mod:`~numpyro_sgbd.local_sites`);
+        not in ``shapes``.
     """
 
     plates: dict
     shapes: dict
     deterministic: tuple
     enumerate_dim: Any = None
+    local: Any = None
 
 
 def _read_sites(trace, plates):
-    """``(dims, shapes, deterministic, enumerate_dim)`` from a traced model;
-    raises on a discrete latent site the kernels cannot sum out
+    """``(dims, shapes, deterministic, enumerate_dim, local)`` from a traced
+    model; raises on a discrete latent site the kernels cannot sum out
     (:func:`~numpyro_sgbd.enumeration.check_enumerated`) or a continuous latent
-    site inside a subsample plate."""
+    site inside a subsample plate that cannot be sampled row by row
+    (:func:`~numpyro_sgbd.local_sites.local_site`)."""
     enumerate_dim = enumeration_dim(trace, plates)
-    dims, shapes, deterministic = {}, {}, []
+    dims, shapes, deterministic, local = {}, {}, [], {}
     for name, site in trace.items():
         in_plates = [f for f in site.get("cond_indep_stack", []) if f.name in plates]
         if site["type"] == "deterministic" and in_plates:
@@ -151,14 +157,31 @@ def _read_sites(trace, plates):
         if is_enumerated(site):  # summed out (checked above)
             continue
         if in_plates:
-            raise ValueError(
-                f"Site '{name}' is a latent variable inside the subsample plate "
-                f"'{in_plates[0].name}'. Only global parameters can be sampled "
-                "with minibatches: move it out of the plate, or marginalise it."
-            )
+            local[name] = _local_site(name, site, in_plates, plates, enumerate_dim)
+            continue
         unconstrained = biject_to(site["fn"].support).inv(site["value"])
         shapes[name] = tuple(jnp.shape(unconstrained))
-    return dims, shapes, tuple(deterministic), enumerate_dim
+    return dims, shapes, tuple(deterministic), enumerate_dim, local
+
+
+def _local_site(name, site, in_plates, plates, enumerate_dim):
+    """The :class:`~numpyro_sgbd.local_sites.LocalSite` of a continuous latent
+    site inside the subsample plate, where the kernels can sample it row by row
+    (one subsample plate, no enumerated sites)."""
+    plate = in_plates[0].name
+    if len(plates) > 1 or enumerate_dim is not None:
+        why = (
+            f"the model subsamples {sorted(plates)}"
+            if len(plates) > 1
+            else "the model also has enumerated discrete sites"
+        )
+        raise ValueError(
+            f"Site '{name}' is a latent variable inside the subsample plate "
+            f"'{plate}'. Local sites are sampled row by row with one subsample "
+            f"plate and no enumerated sites, but {why}: subsample a single "
+            "plate, or marginalise the site."
+        )
+    return local_site(name, site, in_plates[0], plates)
 
 
 def trace_model(model, model_args, model_kwargs):
@@ -185,7 +208,7 @@ def trace_model(model, model_args, model_kwargs):
         found["out"] = (plates, *_read_sites(trace, plates))
 
     jax.eval_shape(structure)
-    plates, dims, shapes, deterministic, enumerate_dim = found["out"]
+    plates, dims, shapes, deterministic, enumerate_dim, local = found["out"]
     if not plates:
         warnings.warn(
             "The model has no subsampled plate, so every step uses the full data "
@@ -195,7 +218,7 @@ def trace_model(model, model_args, model_kwargs):
             stacklevel=5,
         )
     plates = {name: (size, n, dims.get(name)) for name, (size, n) in plates.items()}
-    return ModelInfo(plates, shapes, deterministic, enumerate_dim)
+    return ModelInfo(plates, shapes, deterministic, enumerate_dim, local)
 
 
 def evaluation_indices(plates, log_likelihood_size):
@@ -215,11 +238,20 @@ def evaluation_indices(plates, log_likelihood_size):
 
 
 def build_estimator(
-    model, plates, noise_form, *, replace, preconditioner, sharding, enumerate_dim
+    model,
+    plates,
+    noise_form,
+    *,
+    replace,
+    preconditioner,
+    sharding,
+    enumerate_dim,
+    local=None,
 ):
     """The minibatch estimator over ``plates``, with the noise the sampler needs
     (``noise_form``: ``None``, ``"sd"`` or a covariance form), summing out the
-    enumerated sites from ``enumerate_dim`` (``None``: none)."""
+    enumerated sites from ``enumerate_dim`` (``None``: none), reading the
+    ``local`` sites' rows from z."""
     rows = None
     if len(plates) == 1 and preconditioner is not None:
         ((_, n, _),) = plates.values()
@@ -238,6 +270,7 @@ def build_estimator(
         sharding=sharding,
         noise_rows=rows,
         enumerate_dim=enumerate_dim,
+        local=local,
     )
 
 
@@ -366,6 +399,8 @@ def prepare(model, model_args, model_kwargs, request, setup, choose):
     noise_form, gradient = choose(info.plates, info.shapes)
     traced = has_tracer((model_args, model_kwargs))
     sharding = None if traced else data_sharding(info.plates, model_args, model_kwargs)
+    if info.local:
+        check_local(info.local, request, gradient, sharding)
     if request.preconditioner != "none":
         setup = find_setup(
             setup, model, model_args, model_kwargs, info.shapes, request, traced
@@ -378,6 +413,7 @@ def prepare(model, model_args, model_kwargs, request, setup, choose):
         preconditioner=setup.preconditioner,
         sharding=sharding,
         enumerate_dim=info.enumerate_dim,
+        local=info.local,
     )
     if gradient == "control_variates":
         estimator, setup = control_variates(
@@ -391,6 +427,35 @@ def prepare(model, model_args, model_kwargs, request, setup, choose):
         )
     indices = evaluation_indices(info.plates, request.log_likelihood_size)
     return Prepared(info, setup, estimator, indices)
+
+
+def check_local(local, request, gradient, sharding):
+    """Raise where a kernel's options need what local sites do not have: a
+    full-data mode (the preconditioner, ``step_size=None``), a centre the data's
+    terms concentrate around (control variates) or one device's rows."""
+    names = ", ".join(f"'{k}'" for k in sorted(local))
+    (plate,) = {s.plate for s in local.values()}
+    where = f"{request.who}: the model's site(s) {names} inside the subsample plate "
+    where += f"'{plate}' are local sites, sampled row by row"
+    if request.preconditioner != "none":
+        raise ValueError(
+            f"{where}; the preconditioner (and step_size=None, which adapts the "
+            "step through it) comes from the Laplace approximation at the joint "
+            "mode over every site, which for per-row latents under a global scale "
+            "need not exist (the funnel of a random-effect model). Give "
+            "step_size= (preconditioner='none' is then the default)."
+        )
+    if gradient == "control_variates":
+        raise ValueError(
+            f"{where}; control variates need every datum's term near one centre, "
+            "but each row's local value moves with its own datum. Use "
+            "gradient='minibatch'."
+        )
+    if sharding is not None:
+        raise ValueError(
+            f"{where} from the state on one device; the data are sharded over "
+            "devices. Keep the data on one device for a model with local sites."
+        )
 
 
 def find_setup(setup, model, model_args, model_kwargs, shapes, request, traced):

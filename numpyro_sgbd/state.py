@@ -48,6 +48,7 @@ _FAMILY_TAIL = (
     "aux",
     "trace",
     "setup",
+    "local",
 )
 
 
@@ -62,7 +63,7 @@ def family_state(name, statistics=(), *, module=None):
     return namedtuple(
         name,
         _FAMILY_HEAD + tuple(statistics) + _FAMILY_TAIL,
-        defaults=(None, None, None, None, None),
+        defaults=(None, None, None, None, None, None),
         module=module,
     )
 
@@ -115,6 +116,10 @@ four sampler statistics ``potential_energy_estimate``, ``mean_noise_sd``,
    reads (:class:`SetupArrays`), found by ``init`` from the data: kept in the
    state so that the compiled step and NumPyro's compiled loop serve a later run
    on new data of the same shapes without compiling again.
+ - **local** - where the model has latent sites inside its subsample plate, the
+   step size and last acceptance rate of their Metropolis-adjusted rows
+   (:class:`~numpyro_sgbd.local_sites.LocalState`; the sites themselves, all N
+   rows, are in ``z``); ``None`` otherwise.
 
 With a preconditioner (``z = z_hat + L u``, see :mod:`numpyro_sgbd.preconditioning`)
 ``z`` stays in the model's unconstrained space while ``z_grad`` and ``noise_sd`` are

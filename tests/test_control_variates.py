@@ -18,6 +18,7 @@ from numpyro_sgbd.estimators import (
     ControlVariateEstimator,
     MinibatchEstimator,
 )
+from numpyro_sgbd.estimators.minibatch import pulled
 
 # Our own numerics (no ArviZ, no NumPyro contract): CI's Python 3.12 run
 # skips them; the first run covers them.
@@ -546,13 +547,13 @@ def test_noise_from_a_subset_of_rows_is_unbiased():
     )
     rows = {"w": jnp.ones((n, 3)), "sigma": jnp.ones(n)}
     grad = jax.tree.map(lambda r: r[0], rows)
-    assert sorted_draw._pull(grad, rows)[1].shape == (n, 4)
-    assert subset._pull(grad, rows)[1].shape == (m, 4)
+    assert pulled(sorted_draw, grad, rows)[1].shape == (n, 4)
+    assert pulled(subset, grad, rows)[1].shape == (m, 4)
     # A covariance (NOGIN's, used as it is at each step) keeps every row.
     diag = MinibatchEstimator(
         model, PLATES, covariance="diag", pullback=pre.pull, replace=True, noise_rows=m
     )
-    assert diag._pull(grad, rows)[1].shape == (n, 4)
+    assert pulled(diag, grad, rows)[1].shape == (n, 4)
     keys = random.split(random.key(4), 3000)
     a = jax.jit(jax.vmap(lambda k: subset(k, Z, (X, Y))))(keys)
     b = jax.jit(jax.vmap(lambda k: every(k, Z, (X, Y))))(keys)
@@ -562,8 +563,8 @@ def test_noise_from_a_subset_of_rows_is_unbiased():
     _, _, rows = subset._at_z(Z, indices, (X, Y), {})
     # ravel_pytree's order: sigma, then w
     flat_rows = jnp.concatenate([rows["sigma"][:, None], rows["w"]], 1)
-    pulled = pre.pull(flat_rows[:m])
-    factor = a.noise_sd[0] ** 2 / jnp.var(pulled, 0, ddof=1)
+    pulled_rows = pre.pull(flat_rows[:m])
+    factor = a.noise_sd[0] ** 2 / jnp.var(pulled_rows, 0, ddof=1)
     np.testing.assert_allclose(factor, factor[0], rtol=1e-4)
     var_a, var_b = np.asarray(a.noise_sd) ** 2, np.asarray(b.noise_sd) ** 2
     se = np.sqrt(var_a.var(0) / len(keys) + var_b.var(0) / len(keys))

@@ -33,12 +33,16 @@ class GradientEstimate(NamedTuple):
         :math:`C` with :math:`\\Sigma = CC^\\top` (``"lowrank"``), the ``(d, d)``
         matrix (``"full"``) or its diagonal ``(d,)`` (``"diag"``). ``None`` where it
         is unknown or not asked for.
+    :param local: where the model has local sites, ``(rows, LocalState)``: their
+        N rows after the local move made before this estimate, and its step
+        (:mod:`~numpyro_sgbd.local_sites`); ``None`` otherwise.
     """
 
     z_grad: Any
     noise_sd: Any = None
     potential_energy: Any = None
     noise_cov: Any = None
+    local: Any = None
 
 
 def _finite_tree(tree):

@@ -295,7 +295,7 @@ def _bound(estimator, pullback, centre):
     if isinstance(estimator, MinibatchEstimator) and pullback is not None:
         bound = copy.copy(estimator)
         bound.pullback = pullback
-        if estimator.local is not None:
-            bound.local = _bound(estimator.local, pullback, None)
+        if estimator.shard is not None:
+            bound.shard = _bound(estimator.shard, pullback, None)
         return bound
     return estimator

@@ -14,6 +14,7 @@ import numpy as np
 __all__ = [
     "AUTO_REPLACE_RATIO",
     "draw_indices",
+    "gather_local",
     "in_random_order",
     "noise_variance_factor",
     "resolve_replace",
@@ -198,3 +199,9 @@ def noise_variance_factor(size, subsample_size, *, replace=False):
     """
     n = subsample_size
     return float(n) if resolve_replace(replace, size, n) else n * (1.0 - n / size)
+
+
+def gather_local(local, sites, idx):
+    """``{name: the rows idx of local[name]}``, each on its site's plate axis
+    (``sites``: ``{name: LocalSite}``, :mod:`~numpyro_sgbd.local_sites`)."""
+    return {k: jnp.take(local[k], idx, axis=sites[k].axis) for k in sites}

@@ -15,6 +15,7 @@ from numpyro_sgbd.estimators.base import Estimator, GradientEstimate
 from numpyro_sgbd.estimators.compiled import as_jax_arrays, split_arrays
 from numpyro_sgbd.estimators.indices import (
     draw_indices,
+    gather_local,
     noise_variance_factor,
     resolve_replace,
 )
@@ -31,7 +32,7 @@ from numpyro_sgbd.estimators.rows import (
 )
 from numpyro_sgbd.handlers import fix_plates, shard_local
 
-__all__ = ["MinibatchEstimator"]
+__all__ = ["MinibatchEstimator", "datum_log_density", "pulled"]
 
 
 class MinibatchEstimator(Estimator):
@@ -87,6 +88,10 @@ class MinibatchEstimator(Estimator):
     :param int enumerate_dim: ``None``, or the first enumeration dimension (left
         of the model's plates): discrete sites marked for enumeration are then
         summed out datum by datum (:mod:`~numpyro_sgbd.enumeration`).
+    :param dict local: ``{name: LocalSite}`` of the model's latent sites inside
+        its one plate: z then holds their N rows, the estimate reads those of
+        its minibatch and differentiates the other sites only
+        (:mod:`~numpyro_sgbd.local_sites`).
     """
 
     def __init__(
@@ -102,8 +107,12 @@ class MinibatchEstimator(Estimator):
         sharding=None,
         noise_rows=None,
         enumerate_dim=None,
+        local=None,
     ):
         noise = _checked_noise(plates, noise, covariance, per_datum)
+        #: ``{name: LocalSite}`` of the latent sites inside the plate, whose N
+        #: rows z holds (:mod:`~numpyro_sgbd.local_sites`); empty without.
+        self.local = dict(local or {})
         self.model = model
         self.plates = dict(plates)
         self.noise = noise
@@ -114,10 +123,10 @@ class MinibatchEstimator(Estimator):
         self.sharding = sharding
         self.noise_rows, self.enumerate_dim = noise_rows, enumerate_dim
         #: The estimator on one shard (``None`` without sharding).
-        self.local = None
+        self.shard = None
         if sharding is not None:
             ((name, (_, _, dim)),) = self.plates.items()
-            self.local = MinibatchEstimator(
+            self.shard = MinibatchEstimator(
                 shard_local(model, name, sharding.local_size, sharding.num_shards),
                 {name: (sharding.local_size, sharding.local_subsample_size, dim)},
                 noise=noise,
@@ -130,20 +139,6 @@ class MinibatchEstimator(Estimator):
                 noise_rows=noise_rows,
                 enumerate_dim=enumerate_dim,
             )
-
-    def _pull(self, grad, per_datum_grads=None):
-        """Gradients in u (flat) where there is a pullback (of the per-datum
-        ones, the first ``noise_rows`` where they serve the noise sd only:
-        :func:`~numpyro_sgbd.estimators.rows.noise_subset`); unchanged
-        otherwise."""
-        if self.pullback is None:
-            return grad, per_datum_grads
-        grad = self.pullback(ravel_pytree(grad)[0])
-        if per_datum_grads is not None:
-            some = self.noise_rows if self.covariance is None else None
-            rows = noise_subset(per_datum_grads, some, self.plates, self.replace)
-            per_datum_grads = pulled_rows(self.pullback, rows)
-        return grad, per_datum_grads
 
     #: Per-datum gradients are formed in chunks of at most this many floats
     #: (``chunk x d``), where the covariance form does not need them all
@@ -170,13 +165,17 @@ class MinibatchEstimator(Estimator):
             for key, (name, (size, n, _)) in zip(keys, self.plates.items())
         }
 
-    def _terms(self, z, indices, model_args, model_kwargs, with_terms=None):
+    def _terms(self, z, indices, model_args, model_kwargs, with_terms=None, local=None):
         """(potential estimate, scaled per-datum log-likelihood terms h_i or None).
 
         ``indices`` fixes every subsample plate (``{name: indices}``); an index
         array of any length m gives its plate the scale N / m. The terms are formed
-        where ``with_terms`` (default: where the noise is estimated).
+        where ``with_terms`` (default: where the noise is estimated). ``local``:
+        the local sites' N rows, of which those of ``indices`` are substituted.
         """
+        if local:
+            (plate,) = {s.plate for s in self.local.values()}
+            z = {**z, **gather_local(local, self.local, indices[plate])}
         model = fix_plates(self.model, indices)
         model = substitute(model, substitute_fn=partial(_unconstrain_reparam, z))
         with_terms = self.noise if with_terms is None else with_terms
@@ -215,7 +214,7 @@ class MinibatchEstimator(Estimator):
 
         def on_shard(rng_key, operand, arrays):
             args, kwargs = rebuild(arrays)
-            est = self.local
+            est = self.shard
             key = random.fold_in(rng_key, jax.lax.axis_index(axis))
             parts = local(est, est.draw(key), operand, args, kwargs)
             return est.summarise(*parts, axis_name=axis)
@@ -228,21 +227,24 @@ class MinibatchEstimator(Estimator):
         there is a pullback. The per-datum gradients (rows) are formed where the
         noise is estimated."""
         value, grad, per_datum_grads = self._at_z(z, indices, model_args, model_kwargs)
-        return (value, *self._pull(grad, per_datum_grads))
+        return (value, *pulled(self, grad, per_datum_grads))
 
     def evaluate_difference(self, z, centre, indices, model_args, model_kwargs):
         """:meth:`evaluate` at ``z`` minus at ``centre`` on the same ``indices``
         (control variates), with vmapped per-datum gradients one function of
         both points (one gather of a datum's rows) and one (linear) pullback."""
         value, grad, rows = self._at_z(z, indices, model_args, model_kwargs, centre)
-        return (value, *self._pull(grad, rows))
+        return (value, *pulled(self, grad, rows))
 
     def _at_z(self, z, indices, model_args, model_kwargs, centre=None):
         """:meth:`evaluate` (with ``centre``, :meth:`evaluate_difference`) before
         the pullback: the per-datum gradients at once (a Jacobian or vmapped
         one-datum potentials, as ``per_datum`` says), or a chunk at a time where
         n x d floats pass the row budget and the noise needs only variances."""
-        terms = partial(self._terms, model_args=model_args, model_kwargs=model_kwargs)
+        z, local = _split_local(z, self.local)
+        terms = partial(
+            self._terms, model_args=model_args, model_kwargs=model_kwargs, local=local
+        )
         if centre is not None:
             apart = partial(self._at_z, indices=indices, model_args=model_args)
             apart = partial(apart, model_kwargs=model_kwargs)
@@ -318,7 +320,7 @@ class MinibatchEstimator(Estimator):
         handlers.shard_local`)."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
         if self.sharding is not None:
-            local_run, arrays = self.local.full_data_parts(
+            local_run, arrays = self.shard.full_data_parts(
                 model_args, model_kwargs, chunk_size
             )
             axis = self.sharding.axis
@@ -330,9 +332,41 @@ class MinibatchEstimator(Estimator):
         arrays, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
         ((name, (size, _, _)),) = self.plates.items()
         run = _chunked_full_data(
-            self._terms, name, size, rebuild, chunk_size, lambda g: self._pull(g)[0]
+            self._terms, name, size, rebuild, chunk_size, lambda g: pulled(self, g)[0]
         )
         return run, arrays
+
+
+def datum_log_density(estimator, z, i, model_args, model_kwargs):
+    """log p(u_i, y_i | theta) + log p(theta) / N: the density of datum ``i`` of
+    ``estimator``'s one subsample plate and its local sites (their row in
+    ``z``, with the other sites), minus its one-datum potential over N
+    (:mod:`~numpyro_sgbd.local_sites`)."""
+    ((name, (size, _, _)),) = estimator.plates.items()
+    terms = estimator._terms(z, {name: i[None]}, model_args, model_kwargs, False)
+    return -terms[0] / size
+
+
+def pulled(est, grad, per_datum_grads=None):
+    """Gradients in u (flat) where ``est`` has a pullback (of the per-datum
+    ones, the first ``noise_rows`` where they serve the noise sd only:
+    :func:`~numpyro_sgbd.estimators.rows.noise_subset`); unchanged
+    otherwise."""
+    if est.pullback is None:
+        return grad, per_datum_grads
+    grad = est.pullback(ravel_pytree(grad)[0])
+    if per_datum_grads is not None:
+        some = est.noise_rows if est.covariance is None else None
+        rows = noise_subset(per_datum_grads, some, est.plates, est.replace)
+        per_datum_grads = pulled_rows(est.pullback, rows)
+    return grad, per_datum_grads
+
+
+def _split_local(z, sites):
+    """``(z without its local sites, their N rows)``; ``(z, None)`` without."""
+    if not sites:
+        return z, None
+    return {k: v for k, v in z.items() if k not in sites}, {k: z[k] for k in sites}
 
 
 def _evaluate_on(est, indices, z, model_args, model_kwargs):
@@ -488,7 +522,8 @@ def _plate_terms(trace, name, n):
     scale, summed per datum."""
     per_datum = jnp.zeros((n,))
     for site in trace.values():
-        if site["type"] != "sample" or not site["is_observed"]:
+        # The observed sites, and the latent ones inside the plate (local sites).
+        if site["type"] != "sample":
             continue
         frame = next((f for f in site["cond_indep_stack"] if f.name == name), None)
         if frame is None:

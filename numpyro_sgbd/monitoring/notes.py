@@ -328,7 +328,7 @@ class Monitor:
         self.record_warning("drift")
         j, t, shift = found
         remedies = advice.drift_remedies(kernel._run_facts())
-        name = flat_name(kernel._z_shapes, j)
+        name = flat_name(kernel._draw_shapes, j)
         warnings.warn(
             f"The chain is still drifting: over the {i - kernel._num_warmup} "
             f"sampling iterations so far, the mean of {name} moved "

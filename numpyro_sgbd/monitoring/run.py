@@ -134,7 +134,7 @@ def _on_run_end(kernel, rows):
     if found["converged"]:
         return
     monitor.record_warning("convergence")
-    shapes = kernel._z_shapes
+    shapes = kernel._draw_shapes
     ess = min(found["min_ess_bulk"], found["min_ess_tail"])
     parts = []
     if ess < MIN_ESS:

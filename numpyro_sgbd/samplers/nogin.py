@@ -39,8 +39,9 @@ NOGINState = namedtuple(
         "scale",
         "trace",
         "setup",
+        "local",
     ],
-    defaults=(None, None, None, None),
+    defaults=(None, None, None, None, None),
 )
 NOGINState.__doc__ = """
 State of :class:`NOGIN`. The scalar fields can be collected with
@@ -69,6 +70,7 @@ State of :class:`NOGIN`. The scalar fields can be collected with
  - **trace** - the convergence check's draws (see :class:`SGState`).
  - **setup** - the preconditioner and centre the step reads (see
    :class:`SGState`).
+ - **local** - the local sites' step (see :class:`SGState`), else ``None``.
 """
 
 # noise_damping above which the gradient noise, not the step, sets the
