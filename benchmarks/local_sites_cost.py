@@ -95,7 +95,10 @@ def main(argv=None):
         f"jax {jax.__version__}, {jax.devices()[0].platform}"
     )
     for s, make in samplers.items():
-        t = {m: step_seconds(make(models[m]), y, args.steps, args.repeats) for m in models}
+        t = {
+            m: step_seconds(make(models[m]), y, args.steps, args.repeats)
+            for m in models
+        }
         a, b = t["local"], t["indexed"]
         print(
             f"{s:<15} local {1e6 * a:8.1f} us   indexed {1e6 * b:8.1f} us   "
