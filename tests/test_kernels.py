@@ -511,9 +511,11 @@ def test_multiple_subsample_plates():
 
 
 def _latent_in_plate(y):
-    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    """A latent site in the plate whose support depends on another site: local
+    sites are sampled row by row (tests/test_local_sites.py), but not these."""
+    top = numpyro.sample("top", dist.Exponential(1.0))
     with numpyro.plate("data", y.shape[0], subsample_size=5):
-        z = numpyro.sample("z", dist.Normal(mu, 1))
+        z = numpyro.sample("z", dist.Uniform(0.0, top))
         numpyro.sample("y", dist.Normal(z, 1), obs=numpyro.subsample(y, event_dim=0))
 
 
@@ -532,7 +534,7 @@ def _too_large_subsample(y):
 @pytest.mark.parametrize(
     "model, match",
     [
-        (_latent_in_plate, "'z' is a latent variable inside the subsample plate"),
+        (_latent_in_plate, "'z' inside the subsample plate 'data' has a support"),
         (_discrete_latent, "'k' is a discrete latent variable"),
         (_too_large_subsample, "subsample_size must be smaller"),
     ],

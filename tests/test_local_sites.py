@@ -2,6 +2,8 @@
 the Metropolis-adjusted Barker rows, the refusals, ArviZ and NUTS agreement on
 the same model code (issue 46, item 2)."""
 
+from functools import partial
+
 from _agreement import agree, runs
 import arviz as az
 import jax
@@ -157,3 +159,35 @@ def test_a_student_t_scale_mixture_matches_nuts_on_the_same_model():
     ref, got = nuts.get_samples(), sg.get_samples()
     agree(ref, got, ("mu", "sigma"), 0.25)
     agree({"lam": ref["lam"][:, :5]}, {"lam": got["lam"][:, :5]}, ("lam",), 0.25)
+
+
+@pytest.mark.slow  # 20-40 s
+def test_reference_and_compare_take_local_sites():
+    """``reference_posterior`` (NUTS over every row of the local site) and
+    ``compare`` with full-data scores read a model with a local site: the SG run
+    and the reference both hold all N rows of ``u``, and xi over every site is
+    finite."""
+    from numpyro_sgbd import compare, reference_posterior
+
+    y = _grouped()[:200]
+    sg = MCMC(
+        SGBD(partial(random_effects, n=20), step_size=0.01),
+        num_warmup=200,
+        num_samples=200,
+        progress_bar=False,
+    )
+    sg.run(random.key(0), y)
+    with pytest.warns(RuntimeWarning):  # far too short to be trustworthy
+        ref = reference_posterior(
+            partial(random_effects, n=20), y, num_warmup=50, num_samples=50
+        )
+    assert ref.posterior["u"].shape[-1] == 200
+    with pytest.warns(UserWarning, match="not trustworthy"):
+        table = compare(
+            {"SGBD": sg},
+            ref,
+            model=partial(random_effects, n=20),
+            model_args=(y,),
+            ksd_draws=50,
+        )
+    assert np.isfinite(table.summary.loc["SGBD", "xi"])
