@@ -12,7 +12,9 @@ of each for SGLD (vanilla), SGBD corrected (per-datum gradients for the noise)
 and SGBD corrected with control variates, all with a fixed step size from the
 same start, each the difference of two ``MCMC.run`` lengths with
 ``jit_model_args=True`` less XLA's compile seconds, the runs alternating (the
-fastest of ``--repeats``), and enumerated / by hand.
+fastest of ``--repeats``), and beside it the kernel's own step alone, the
+fastest of three calls of one compiled loop of 1,000 steps
+(``sparse_model.loop_step_seconds``); and enumerated / by hand for each.
 """
 
 import argparse
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-from sparse_model import run_seconds  # benchmarks/sparse_model.py
+from sparse_model import loop_step_seconds, run_seconds  # benchmarks/sparse_model.py
 
 from numpyro_sgbd import SGBD, SGLD, config_enumerate
 
@@ -79,7 +81,13 @@ def main(argv=None):
             for j, steps in enumerate((args.steps, 6 * args.steps)):
                 kernel = samplers[s](models[m])
                 b[j] = min(b[j], run_seconds(kernel, (y,), init, steps))
+    loop = {
+        (s, m): loop_step_seconds(samplers[s](models[m]), (y,), init, 1000, 3)
+        for s in samplers
+        for m in models
+    }
     print(f"K = {k}, N = {args.num_data}, n = {n}; jax {jax.__version__}")
+    print("microseconds a step: in MCMC.run | the kernel's step alone, compiled loop")
     for s in samplers:
         t = {
             m: (b6 - b1) / (5 * args.steps)
@@ -87,9 +95,10 @@ def main(argv=None):
             if s2 == s
         }
         a, b = t["enumerated"], t["by hand"]
+        la, lb = loop[s, "enumerated"], loop[s, "by hand"]
         print(
-            f"{s:<18} enumerated {1e6 * a:8.1f} us   by hand {1e6 * b:8.1f} us   "
-            f"ratio {a / b:5.2f}"
+            f"{s:<18} enumerated {1e6 * a:7.1f} | {1e6 * la:7.1f}   by hand "
+            f"{1e6 * b:7.1f} | {1e6 * lb:7.1f}   ratio {a / b:5.2f} | {la / lb:5.2f}"
         )
 
 

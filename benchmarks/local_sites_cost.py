@@ -18,14 +18,13 @@ models alternating, and local / indexed.
 """
 
 import argparse
-import time
 
 import jax
-from jax import random
 import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+from sparse_model import loop_step_seconds  # benchmarks/sparse_model.py
 
 from numpyro_sgbd import SGBD, SGLD
 
@@ -54,27 +53,6 @@ def make_models(n):
     return {"local": local, "indexed": indexed}
 
 
-def step_seconds(kernel, y, steps, repeats):
-    """Seconds a step: the fastest of ``repeats`` calls of one compiled loop of
-    ``steps`` steps of ``kernel``'s pure step, after a call that compiles it."""
-    init = {"mu": jnp.array(1.0), "tau": jnp.array(0.0), "sigma": jnp.array(-0.7)}
-    init["u"] = jnp.ones(y.shape[0])
-    state = kernel.init(random.key(0), 0, init, (y,), {})
-    step = kernel.sample_kernel
-
-    @jax.jit
-    def run(state, y):
-        return jax.lax.fori_loop(0, steps, lambda i, s: step(s, (y,), {}), state)
-
-    jax.block_until_ready(run(state, y))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(run(state, y))
-        best = min(best, time.perf_counter() - start)
-    return best / steps
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-data", type=int, default=100_000)
@@ -95,8 +73,10 @@ def main(argv=None):
         f"jax {jax.__version__}, {jax.devices()[0].platform}"
     )
     for s, make in samplers.items():
+        init = {"mu": jnp.array(1.0), "tau": jnp.array(0.0), "sigma": jnp.array(-0.7)}
+        init["u"] = jnp.ones(y.shape[0])
         t = {
-            m: step_seconds(make(models[m]), y, args.steps, args.repeats)
+            m: loop_step_seconds(make(models[m]), (y,), init, args.steps, args.repeats)
             for m in models
         }
         a, b = t["local"], t["indexed"]

@@ -83,6 +83,27 @@ def run_seconds(kernel, model_args, init, num_samples):
     return time.perf_counter() - start - sum(compiling)
 
 
+def loop_step_seconds(kernel, model_args, init, steps, repeats):
+    """Seconds a step of ``kernel``'s own pure step (``kernel.sample_kernel``,
+    no draws collected, no NumPyro loop): the fastest of ``repeats`` calls of
+    one compiled loop of ``steps`` steps from ``init``, after a call that
+    compiles it (also for enumerated_cost.py and local_sites_cost.py)."""
+    state = kernel.init(random.key(0), 0, init, model_args, {})
+    step = kernel.sample_kernel
+
+    @jax.jit
+    def run(state, model_args):
+        return jax.lax.fori_loop(0, steps, lambda i, s: step(s, model_args, {}), state)
+
+    jax.block_until_ready(run(state, model_args))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(run(state, model_args))
+        best = min(best, time.perf_counter() - start)
+    return best / steps
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=100_000)
