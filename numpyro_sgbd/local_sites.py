@@ -72,7 +72,7 @@ __all__ = [
 
 #: The mean acceptance rate the local step size adapts to in warmup. The
 #: Barker proposal's optimum in high dimension is about 0.4 (Vogrinc,
-#: Livingstone & Zanella 2023, Biometrika); the rows of a local site have a few
+#: Livingstone & Zanella 2022, Biometrika); the rows of a local site have a few
 #: coordinates each, where higher rates mix as well.
 ACCEPT_TARGET = 0.5
 

@@ -85,7 +85,7 @@ def test_tune_finds_the_exact_arm_and_survives_a_blown_up_one(y):
     result = tune(
         model,
         y,
-        budget=14.0,
+        budget=20.0,
         samplers=["NOGIN", "SGLD"],
         gradients=["minibatch"],
         subsample_sizes=[1000],

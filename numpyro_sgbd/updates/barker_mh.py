@@ -27,8 +27,8 @@ def barker_mh_rows(rng_key, x, value_and_grad, step_size):
     are independent. Every coordinate of a row draws :math:`w \sim N(0, h^2)` and
     moves by :math:`+w` with probability :math:`\sigma(w\,\partial\ell_r)`, by
     :math:`-w` otherwise (Livingstone & Zanella 2022, *The Barker proposal*,
-    JRSSB: the proposal of their eq. (8) with a Gaussian increment; the same
-    move as SGBD's with the exact gradient, SGBD paper Algorithm 1). The
+    JRSSB: their proposal with a Gaussian increment; the same move as SGBD's
+    with the exact gradient, SGBD paper Algorithm 1, lines 2-7). The
     proposal :math:`y = x + z` of a row is accepted with probability
 
     .. math::
