@@ -188,10 +188,9 @@ def constrained_local(z, sites):
 def local_update(estimator, sites, num_warmup):
     """The :class:`LocalUpdate` of ``sites`` (``{name: LocalSite}``) for the
     :class:`~numpyro_sgbd.estimators.MinibatchEstimator` ``estimator`` (its
-    draw gives the minibatch; its
-    :meth:`~numpyro_sgbd.estimators.MinibatchEstimator.datum_log_density` each
-    row's conditional), adapting the step during the first ``num_warmup``
-    steps."""
+    draw gives the minibatch, and
+    :func:`~numpyro_sgbd.estimators.minibatch.datum_log_density` each row's
+    conditional), adapting the step during the first ``num_warmup`` steps."""
     names = tuple(sorted(sites))
     (plate,) = {s.plate for s in sites.values()}
 

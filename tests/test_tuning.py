@@ -250,14 +250,16 @@ def test_an_sghmc_arm_that_breaks_the_noise_bound_is_reported(y):
 
 def test_the_budget_is_wall_time_from_the_call_to_the_result(y):
     """``budget`` counts everything: set-up, compiling, sampling, scoring and
-    building the winner. A budget of 12 s with about 6 s of set-up, compiling and
-    scoring (two groups, about 2 s to make and compile each on two cores): the
-    call returns within 1.25 x the budget, and ``seconds["total"]`` is the same
-    wall time. Sampling gets what the fixed costs leave.
+    building the winner. A budget of 20 s with 6-13 s of set-up, compiling and
+    scoring (two groups, 2-5 s to make and compile each on two cores; 12.9 s in
+    all under the two-worker suite on a slow machine, where a 12 s budget was
+    rightly refused): the call returns within 1.25 x the budget, and
+    ``seconds["total"]`` is the same wall time. Sampling gets what the fixed
+    costs leave.
 
     Injected bug: starting the deadline after compiling (the old accounting, the
     budget charged to sampling alone) returned after 20 s (fails)."""
-    budget = 12.0
+    budget = 20.0
     started = time.perf_counter()
     result = tune(
         model,
