@@ -20,7 +20,7 @@ extensions = [
     "sphinx.ext.napoleon",
 ]
 autodoc_member_order = "bysource"
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_generated"]  # included by other pages
 # Cross-project links. Each project's inventory is fetched from its site when the
 # build has network access; offline (CI reaches only the package registries) the
 # build falls back to a small inventory written below, which lists exactly the

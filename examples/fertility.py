@@ -74,6 +74,7 @@ in black).
 
 import argparse
 import math
+import os
 from pathlib import Path
 import sys
 import time
@@ -197,6 +198,34 @@ def long_table(comparison):
     return per[columns + list(summary.columns)]
 
 
+def summary_markdown(comparison, num_rows, args):
+    """One row per method: xi, the largest |mean bias| in NUTS sds, the smallest
+    bulk ESS, the wall seconds and ESS per second, as a Markdown table (the
+    README's table is this file, from a full run)."""
+    summary = comparison.summary
+    header = (
+        "| method | xi (sd error) | max mean bias (sd) | min ESS | seconds "
+        "| ESS/s |\n|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for method, row in summary.iterrows():
+        xi = "" if method == REFERENCE else f"{row['xi']:.3f}"
+        bias = "" if method == REFERENCE else f"{row['max_bias_mean']:.2f}"
+        rows.append(
+            f"| {method} | {xi} | {bias} | {row['min_ess_bulk']:.0f} "
+            f"| {row['sampling_time']:.0f} | {row['ess_per_s']:.3g} |"
+        )
+    what = (
+        f"AER Fertility, N = {num_rows:,}, n = {args.subsample_size:,}; NUTS 2 "
+        f"chains x ({args.nuts_warmup:,} + {args.nuts_samples:,}), each SG "
+        f"method one chain of {args.num_warmup:,} + {args.num_samples:,} steps; "
+        "seconds include compiling and warmup "
+        f"(``python examples/fertility.py``, {jax.default_backend()}, "
+        f"{os.cpu_count()} cores)."
+    )
+    return header + "\n".join(rows) + "\n\n" + what + "\n"
+
+
 def print_means(table):
     """Posterior mean (sd) of each coefficient, one column per method."""
     methods = list(dict.fromkeys(table["method"]))
@@ -255,7 +284,17 @@ def parse_args(argv=None):
     parser.add_argument(
         "--out", type=Path, default=Path("out"), help="output folder (default out)"
     )
+    parser.add_argument(
+        "--summary",
+        type=Path,
+        default=None,
+        help="where to write the summary table in Markdown (default "
+        "OUT/fertility_summary.md; the README's table is "
+        "docs/_generated/fertility_summary.md)",
+    )
     args = parser.parse_args(argv)
+    if args.summary is None:
+        args.summary = args.out / "fertility_summary.md"
     if args.num_rows is None and args.quick:
         args.num_rows = 20_000
     if args.num_samples is None:
@@ -336,7 +375,10 @@ def main(argv=None):
     png_path = args.out / "fertility_marginals.png"
     table.to_csv(csv_path, index=False)
     plot_marginals(runs, reference, png_path)
-    print(f"\nWrote {csv_path} and {png_path}")
+    args.summary.parent.mkdir(parents=True, exist_ok=True)
+    args.summary.write_text(summary_markdown(comparison, num_rows, args))
+    print(f"\n{args.summary.read_text()}")
+    print(f"Wrote {csv_path}, {png_path} and {args.summary}")
     return table
 
 

@@ -7,7 +7,7 @@ every other platform unrolled. Each such loop is a while loop that XLA:CPU runs
 iteration by iteration, and an SG step makes several draws (key splits, the
 minibatch indices, the noise), so on a CPU those loops were up to half of a
 minibatch step (vanilla SGBD, n = 100). ``python benchmarks/random_numbers.py
---steps`` measures it, and the rows are in ``docs/benchmarks.rst``. JAX has
+--steps`` measures it (docs/benchmarks.rst, current results). JAX has
 since made the unrolled lowering its CPU default too (jax-ml/jax pull request
 37872), having found it faster both to compile and to run.
 

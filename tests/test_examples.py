@@ -37,6 +37,12 @@ def test_fertility_quick(tmp_path, load_example):
     table = pd.read_csv(tmp_path / "fertility_table.csv")
     methods = [fertility.REFERENCE, fertility.FIXED_STEP]
     methods += [m for m, _ in fertility.SG_METHODS]
+    # The summary README shows: one row per method, with its xi where not NUTS.
+    summary = (tmp_path / "fertility_summary.md").read_text().splitlines()
+    cells = {r.split("|")[1].strip(): r.split("|")[2].strip() for r in summary[2:7]}
+    assert set(cells) == set(methods)
+    assert cells[fertility.REFERENCE] == ""
+    assert all(float(cells[m]) >= 0 for m in methods[1:])
     expected = {(m, c) for m in methods for c in fertility.COEFFICIENTS}
     assert set(zip(table["method"], table["coefficient"])) == expected
     assert len(table) == len(expected)

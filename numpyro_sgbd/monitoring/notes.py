@@ -88,7 +88,7 @@ def _warn_nonfinite(i, remedies):
 # Each call costs far more than its Python (JAX's callback places the operands
 # on the device, and the XLA thread pool's idle workers spin against it), tens of
 # steps' worth at n = 100, so notes are hundreds of steps apart
-# (`benchmarks/convergence_check.py` and docs/benchmarks.rst, (d), measure it).
+# (`benchmarks/convergence_check.py` measures it; history in benchmarks/results.md).
 # With the progress bar each call also waits for NumPyro's Python loop to let go
 # of the interpreter: hence every `_CLOCK_SAMPLES` samples at most with
 # num_steps > 16 (docs/benchmarks.rst, (g)).
