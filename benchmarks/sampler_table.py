@@ -1,7 +1,7 @@
 """Every sampler's default path on a fixed set of problems, against NUTS: the
 table the user guide's "which sampler" follows from (issue 47).
 
-    python benchmarks/sampler_table.py           # about 25 minutes on 2 CPU cores
+    python benchmarks/sampler_table.py           # about 10 minutes on 2 CPU cores
     python benchmarks/sampler_table.py --quick   # smoke run, a few minutes
 
 It writes ``docs/_generated/sampler_table.csv`` (one row per problem and
