@@ -37,7 +37,8 @@ import jax.numpy as jnp
 from jax.scipy.special import logsumexp
 import numpyro
 from numpyro import handlers
-from numpyro.distributions import Distribution
+from numpyro.distributions import Distribution, ExpandedDistribution
+from numpyro.distributions.discrete import CategoricalLogits, CategoricalProbs
 from numpyro.infer import util as infer_util
 from numpyro.primitives import Messenger
 
@@ -196,7 +197,7 @@ def enumerated_log_joint(model, model_args, model_kwargs, plate, first_dim):
     enumerated = enumerate_sites(model, first_dim)
     trace = handlers.trace(enumerated).get_trace(*model_args, **model_kwargs)
     global_part, per_datum, scale = _summed_out(
-        trace, plate, first_dim, len(enumerated.dims)
+        trace, plate, first_dim, enumerated.dims
     )
     if per_datum is None:
         return global_part, None
@@ -205,16 +206,17 @@ def enumerated_log_joint(model, model_args, model_kwargs, plate, first_dim):
     return global_part + jnp.sum(per_datum), per_datum
 
 
-def _summed_out(trace, plate, first_dim, m):
+def _summed_out(trace, plate, first_dim, dims):
     """``(global part, per-datum log-marginals, scale)`` of an enumerated
-    ``trace`` (``m`` enumeration dimensions from ``first_dim``): the global
-    sites' scaled log-densities summed, the plate's n unscaled log-marginals
-    (``None`` without a plate site) and its scale."""
+    ``trace`` (``dims``: :attr:`enumerate_sites.dims`, from ``first_dim``): the
+    global sites' scaled log-densities summed, the plate's n unscaled
+    log-marginals (``None`` without a plate site) and its scale."""
     global_part, local, scale, plate_dim = 0.0, 0.0, None, None
+    m = len(dims)
     for site in trace.values():
         if site["type"] != "sample":
             continue
-        lp = site["fn"].log_prob(site["value"])
+        lp = _log_prob(site, dims.get(site["name"]))
         frame = next((f for f in site["cond_indep_stack"] if f.name == plate), None)
         if frame is None:
             s = 1.0 if site["scale"] is None else site["scale"]
@@ -235,6 +237,29 @@ def _summed_out(trace, plate, first_dim, m):
     axes = tuple(range(m))
     per_datum = logsumexp(local, axis=axes) if axes else local
     return global_part, jnp.reshape(per_datum, (-1,)), scale
+
+
+def _log_prob(site, dim):
+    """The log-density of ``site`` at its value; for a categorical site given
+    all its values along ``dim`` (:class:`enumerate_sites`), its table of
+    normalised log-probabilities with the categories moved to ``dim``: the
+    numbers ``log_prob`` gathers (``take_along_axis``), without the gather,
+    whose transpose in the per-datum gradients (a pad and a reduction per
+    datum, or a scatter-add) cost more than the rest of the site's term."""
+    fn = site["fn"]
+    base = fn.base_dist if isinstance(fn, ExpandedDistribution) else fn
+    if dim is None or type(base) not in (CategoricalProbs, CategoricalLogits):
+        return fn.log_prob(site["value"])
+    batch = (1,) * max(0, -dim - len(fn.batch_shape)) + tuple(fn.batch_shape)
+    at = len(batch) + dim
+    if batch[at] != 1:  # a batch dimension where the values go: as NumPyro does
+        return fn.log_prob(site["value"])
+    if isinstance(base, CategoricalProbs):
+        table = base.logits  # NumPyro's normalised log-probabilities
+    else:
+        table = base.logits - logsumexp(base.logits, axis=-1, keepdims=True)
+    table = jnp.broadcast_to(table, batch + jnp.shape(table)[-1:])
+    return jnp.moveaxis(jnp.squeeze(table, at), -1, at)
 
 
 class _Marginal(Distribution):
@@ -278,7 +303,7 @@ def marginal_model(model, plate, first_dim):
         enumerated = enumerate_sites(model, first_dim)
         with handlers.block(hide_fn=hidden):
             trace = handlers.trace(enumerated).get_trace(*model_args, **model_kwargs)
-        _, per_datum, _ = _summed_out(trace, plate, first_dim, len(enumerated.dims))
+        _, per_datum, _ = _summed_out(trace, plate, first_dim, enumerated.dims)
         observed = [
             site
             for site in trace.values()

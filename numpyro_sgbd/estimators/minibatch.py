@@ -30,6 +30,7 @@ from numpyro_sgbd.estimators.rows import (
     pulled_rows,
     rows_per_chunk,
 )
+from numpyro_sgbd.estimators.static_gathers import without_static_gathers
 from numpyro_sgbd.handlers import fix_plates, shard_local
 
 __all__ = ["MinibatchEstimator", "datum_log_density", "pulled"]
@@ -254,8 +255,7 @@ class MinibatchEstimator(Estimator):
             value, grad = jax.value_and_grad(partial(_potential, terms, indices))(z)
             return value, grad, None
         ((name, (_, n, _)),) = self.plates.items()
-        # Checks, while tracing only, that every observed site in the plate has
-        # one log-density per datum (raises a ValueError naming the site if not).
+        # Tracing only: one log-density a datum per site in the plate, or raise.
         jax.eval_shape(partial(terms, indices=indices), z)
         chunk = self._rows_per_chunk(z, n)
         if centre is not None and (chunk < n or self.per_datum != "vmap"):
@@ -267,6 +267,7 @@ class MinibatchEstimator(Estimator):
         if self.per_datum == "jacobian":
             return _by_jacobian(partial(terms, indices=indices), z, n)
         one = partial(_datum_potential, terms, name)
+        one = one if self.enumerate_dim is None else without_static_gathers(one)
         if centre is not None:
             return _by_vmap_pair(one, z, centre, indices[name], n)
         return _by_vmap(one, z, indices[name], n)
