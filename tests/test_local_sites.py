@@ -135,7 +135,7 @@ def test_a_random_effect_per_row_matches_nuts_on_the_same_model():
     first = {"u": ref["u"][:, :5]}, {"u": got["u"][:, :5]}
     agree(ref, got, ("mu", "tau", "sigma"), 0.25)
     agree(*first, ("u",), 0.25)
-    idata = az.from_numpyro(sg)
+    idata = az.from_numpyro(sg, log_likelihood=True)  # by default under ArviZ 0.x
     assert idata.log_likelihood["y"].shape[-1] == 100
     more = {k: v[:10] for k, v in got.items()}
     pred = Predictive(full_batch(random_effects), more)(random.key(3), y)
