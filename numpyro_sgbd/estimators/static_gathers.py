@@ -69,13 +69,12 @@ def _evaluate(jaxpr, consts, args):
             known.add(v)
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
-        fold = all(map(is_known, eqn.invars)) and _foldable(eqn)
         if eqn.primitive.name in ("jit", "pjit"):
             inner = eqn.params["jaxpr"]
             outs = _evaluate(inner.jaxpr, inner.consts, invals)
         elif eqn.primitive.name == "gather" and is_known(eqn.invars[1]):
             outs = _gather(eqn, *invals)
-        elif fold:
+        elif all(map(is_known, eqn.invars)) and _foldable(eqn):
             with jax.ensure_compile_time_eval():
                 outs = _bind(eqn, invals)
         else:
