@@ -581,7 +581,7 @@ def repeat(sample_kernel, num_steps, recentre=None):
     dispatch and collecting ``extra_fields``, are paid once for them), with
     ``recentre(state, model_args, model_kwargs) -> centre`` after each step where
     the control variates re-centre in warmup. ``num_steps`` may be traced (a
-    loop of a variable length, as :mod:`~numpyro_sgbd.steps_per_sample` times)."""
+    loop of a variable length)."""
 
     def one(state, model_args, model_kwargs):
         new = sample_kernel(state, model_args, model_kwargs)

@@ -21,7 +21,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from numpyro_sgbd import advice, core, preconditioning, steps_per_sample
+from numpyro_sgbd import advice, core, preconditioning
 from numpyro_sgbd.estimators import Centre, with_setup
 from numpyro_sgbd.local_sites import local_update
 from numpyro_sgbd.model_side import ModelSide
@@ -32,7 +32,6 @@ from numpyro_sgbd.monitoring.run import (
     check_closed_over,
     start_trace,
 )
-from numpyro_sgbd.monitoring.trace import driving_mcmc
 from numpyro_sgbd.options import (
     _per_site,
     check_keyword_names,
@@ -87,7 +86,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         init_strategy=init_to_uniform,
         log_likelihood_size=None,
         chunk_size=4096,
-        num_steps=None,
+        num_steps=1,
     ):
         options = kernel_options(
             model=model,
@@ -107,10 +106,10 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         )
         self._model, self._potential_fn = model, potential_fn
         self._gradient_fn, self._step_size_arg = gradient_fn, step_size
-        self._num_steps_arg = options.num_steps
         self._recentre_every = options.recentre_every
-        # Steps per sample, and those chosen under the bar by shapes of the run.
-        self._num_steps, self._bar_steps = options.num_steps or 1, {}
+        # SG steps per sample: the user's, never a timing's (the draws are a
+        # function of the seed and the arguments, with the bar on or off).
+        self._num_steps = options.num_steps
         self._preconditioner_arg = options.preconditioner
         self._adapt_mass = options.adapt_mass
         self._gradient_arg = self._gradient = options.gradient
@@ -231,8 +230,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
 
     @property
     def num_steps(self):
-        """SG steps per sample: the ``num_steps`` given, or with ``None`` the
-        number the last run took (:mod:`~numpyro_sgbd.steps_per_sample`)."""
+        """SG steps per sample, as given (default 1)."""
         return self._num_steps
 
     @property
@@ -248,8 +246,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         self._monitor.start()
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         # In steps: `state.i` counts SG steps, num_steps of them per sample.
-        k = self._num_steps_arg or 1
-        self._num_steps, self._num_warmup = k, int(num_warmup) * k
+        self._num_warmup = int(num_warmup) * self._num_steps
         check_untransformed(has_tracer(rng_key), (model_args, model_kwargs))
         self._traced_setup = has_tracer((model_args, model_kwargs))
         # Inside pmap or the user's jax.jit, what the kernel keeps on itself is
@@ -278,12 +275,6 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         else:
             state = init_one(rng_key, z)
             self._sample_impl = self._sample_one
-        # (Traced data or keys make a traced state: nothing to time then.)
-        if self._num_steps_arg is None and not has_tracer(state):
-            if steps_per_sample.python_loop(driving_mcmc(self)):
-                args = (self._sample_impl, state, model_args, model_kwargs)
-                k = steps_per_sample.for_run(self._bar_steps, type(self), *args)
-                self._num_steps, self._num_warmup = k, int(num_warmup) * k
         return start_trace(self, state, one_z)
 
     @property
@@ -331,8 +322,6 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         calls, text = self._diagnostics
         if calls % 100 == 0:
             parts = [f"U_hat {float(state.potential_energy_estimate):.4g}"]
-            if self._num_steps_arg is None and self._num_steps > 1:
-                parts.append(f"{self._num_steps} steps/sample")
             parts += self._diagnostic_parts(state)
             if int(state.num_nonfinite) > 0:
                 parts.append("STOPPED (non-finite)")

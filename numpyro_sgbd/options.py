@@ -116,9 +116,8 @@ class KernelOptions(NamedTuple):
     gradient: str
     #: Warmup steps between re-centrings of the control variates, or ``None``.
     recentre_every: Any
-    #: SG steps per sample, or ``None``: chosen per run
-    #: (:mod:`~numpyro_sgbd.steps_per_sample`).
-    num_steps: Any
+    #: SG steps per sample.
+    num_steps: int
 
 
 def kernel_options(
@@ -162,18 +161,18 @@ def kernel_options(
     )
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}.")
-    if num_steps is not None and not _positive_int(num_steps):
+    if not _positive_int(num_steps):
         raise ValueError(
-            "num_steps must be a positive int (SG steps per sample; 1 is one "
-            "step per sample as NumPyro's kernels take) or None (one, or with "
-            f"NumPyro's progress bar as many as last about 2.5 ms), got {num_steps!r}."
+            "num_steps must be a positive int (SG steps per sample, run in one "
+            "compiled loop; 1, the default, is one step per sample as NumPyro's "
+            f"kernels take), got {num_steps!r}."
         )
     return KernelOptions(
         preconditioner,
         bool(adapt_mass_matrix),
         gradient,
         recentre_every,
-        None if num_steps is None else int(num_steps),
+        int(num_steps),
     )
 
 

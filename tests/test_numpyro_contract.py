@@ -33,7 +33,6 @@ import pytest
 
 from numpyro_sgbd import BAOAB, NOGIN, SGBD, SGHMC, SGLD, SGNHT, Recipe
 from numpyro_sgbd.kernel import wall_time
-from numpyro_sgbd.steps_per_sample import MAX_STEPS, SAMPLE_SECONDS, choose, python_loop
 
 # Kernel factories given the posterior sd ``sd`` of the model's coordinates (a
 # scalar, or a dict by site): SGBD and SGLD step a fifth of it; NOGIN takes the
@@ -557,97 +556,59 @@ def test_compile_warmup_run(y, kernel_name, num_chains, chain_method):
         )
 
 
-def _bar_on(mcmc):
-    """``mcmc`` with its progress bar on: NumPyro switches the bar off under
-    pytest-xdist and on CI (``MCMC.__init__``); a user's run has it."""
-    mcmc.progress_bar = True
+def _with_bar(mcmc, bar):
+    """``mcmc`` with its progress bar ``bar``: NumPyro switches the bar off
+    under pytest-xdist and on CI (``MCMC.__init__``); a user's run has it."""
+    mcmc.progress_bar = bar
     return mcmc
 
 
-@ALL_KERNELS
-def test_progress_bar_takes_its_steps_per_sample_and_nothing_else(y, kernel_name):
-    # NumPyro's test_mcmc_progbar, with num_steps left at None: under the bar
-    # the kernel takes k > 1 steps per sample (steps_per_sample), and warmup then
-    # run with the bar on equal the same with the bar off and num_steps=k; a run
-    # from another key differs. The draws are those of that thinned chain.
-    kernel = KERNELS[kernel_name](normal_model, sd=MU_SD)
-    with_bar = _bar_on(MCMC(kernel, num_warmup=10, num_samples=10))
-    with_bar.warmup(random.key(2), y)
-    with_bar.run(random.key(3), y)
-    k = kernel.num_steps
-    assert k > 1
-    without = MCMC(
-        KERNELS[kernel_name](normal_model, sd=MU_SD, num_steps=k),
-        num_warmup=10,
-        num_samples=10,
-        progress_bar=False,
-    )
-    without.run(random.key(2), y)
-    assert not np.allclose(without.get_samples()["mu"], with_bar.get_samples()["mu"])
-    without.warmup(random.key(2), y)
-    without.run(random.key(3), y)
-    np.testing.assert_allclose(
-        without.get_samples()["mu"], with_bar.get_samples()["mu"], rtol=1e-5
-    )
+class _SlowClock:
+    """A clock on which every reading is a second after the last: a step timed
+    on it looks a thousand times slower than any real one."""
+
+    def __init__(self):
+        self.now = time.perf_counter()
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
 
 
-def test_progress_bar_steps_per_sample_scale_the_adapted_warmup(y):
-    # The default kernel adapts in warmup: its schedule counts k steps a sample
-    # under the bar, as with num_steps=k given.
-    with_bar = _bar_on(MCMC(SGBD(normal_model), num_warmup=20, num_samples=10))
-    with_bar.run(random.key(1), y, extra_fields=("i",))
-    k = with_bar.sampler.num_steps
-    without = MCMC(
-        SGBD(normal_model, num_steps=k),
-        num_warmup=20,
-        num_samples=10,
-        progress_bar=False,
-    )
-    without.run(random.key(1), y)
-    np.testing.assert_allclose(
-        without.get_samples()["mu"], with_bar.get_samples()["mu"], rtol=1e-5
-    )
-    i = with_bar.get_extra_fields()["i"]
-    np.testing.assert_array_equal(i, 20 * k + k * np.arange(1, 11))
+@pytest.mark.parametrize("kernel_name", ["SGBD", "NOGIN"])
+def test_a_run_is_a_function_of_its_seed_with_the_bar_on_or_off(
+    y, kernel_name, monkeypatch
+):
+    # The default kernels (adapted, with their set-up): the same draws with the
+    # progress bar on, off, and on a clock made slow; nothing in the chain
+    # reads the clock, so the machine's speed and load cannot change them.
+    cls = {"SGBD": SGBD, "NOGIN": NOGIN}[kernel_name]
+
+    def draws(bar):
+        mcmc = _with_bar(MCMC(cls(normal_model), num_warmup=20, num_samples=10), bar)
+        mcmc.run(random.key(1), y, extra_fields=("i",))
+        assert mcmc.sampler.num_steps == 1
+        np.testing.assert_array_equal(
+            mcmc.get_extra_fields()["i"], 20 + np.arange(1, 11)
+        )
+        return np.asarray(mcmc.get_samples()["mu"])
+
+    off, on = draws(False), draws(True)
+    np.testing.assert_array_equal(on, off)
+    for name in ("perf_counter", "monotonic", "time"):
+        monkeypatch.setattr(time, name, _SlowClock())
+    np.testing.assert_array_equal(draws(True), off)
 
 
-def test_progress_bar_keeps_a_given_num_steps_and_the_bar_off_one_step(y):
-    # A num_steps given is kept under the bar (the draws are then the bar-off
-    # run's); with the bar off, or chains mapped over devices, num_steps=None
-    # is one step a sample, as in NumPyro's kernels.
+def test_a_given_num_steps_is_kept_with_the_bar_on_or_off(y):
     runs = {}
-    for bar, num_steps in ((True, 1), (False, None)):
-        kernel = KERNELS["SGBD"](normal_model, sd=MU_SD, num_steps=num_steps)
-        mcmc = MCMC(kernel, num_warmup=10, num_samples=10)
-        mcmc.progress_bar = bar  # (as _bar_on)
+    for bar in (True, False):
+        kernel = KERNELS["SGBD"](normal_model, sd=MU_SD, num_steps=3)
+        mcmc = _with_bar(MCMC(kernel, num_warmup=10, num_samples=10), bar)
         mcmc.run(random.key(2), y)
-        assert kernel.num_steps == 1
+        assert kernel.num_steps == 3
         runs[bar] = mcmc.get_samples()["mu"]
-    np.testing.assert_allclose(runs[True], runs[False], rtol=1e-5)
-
-    def mcmc(**kw):
-        return _bar_on(MCMC(KERNELS["SGBD"](normal_model), num_warmup=1, **kw))
-
-    # (With one device NumPyro runs "parallel" chains in sequence.)
-    mapped = mcmc(num_samples=1, num_chains=2, chain_method="parallel")
-    assert python_loop(mapped) is (mapped.chain_method == "sequential")
-    assert python_loop(mcmc(num_samples=1))
-    assert not python_loop(None)
-
-
-def test_steps_per_sample_fill_their_share_of_a_sample():
-    # A step slower than SAMPLE_SECONDS is one step a sample; a cheap one is
-    # many (the times are lower bounds: a sleep lasts at least its length).
-    def slow(state, model_args, model_kwargs):
-        wait = lambda x: (time.sleep(2 * SAMPLE_SECONDS), x)[1]  # noqa: E731
-        return jax.pure_callback(wait, jax.ShapeDtypeStruct((), jnp.float32), state)
-
-    def cheap(state, model_args, model_kwargs):
-        return state + 1.0
-
-    state = jnp.float32(0.0)
-    assert choose(slow, state, (), {}) == 1
-    assert 2 <= choose(cheap, state, (), {}) <= MAX_STEPS
+    np.testing.assert_array_equal(runs[True], runs[False])
 
 
 @pytest.mark.parametrize("kernel_name", ["NOGIN", "SGBD", "adapted SGBD"])

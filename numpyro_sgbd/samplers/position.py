@@ -105,10 +105,12 @@ class SGBD(_FamilyKernel):
         centre (default 4096): memory O(chunk_size x d), whatever N.
     :param int num_steps: SG steps per sample, as HMC's ``num_steps`` is
         leapfrog steps per sample, run in one compiled loop; ``num_warmup`` and
-        ``num_samples`` count samples, ``thinning`` thins samples. Default
-        ``None``: one step, or under NumPyro's progress bar as many as last about
-        2.5 ms, measured before the run (:mod:`~numpyro_sgbd.steps_per_sample`;
-        ``kernel.num_steps`` holds the number).
+        ``num_samples`` count samples, ``thinning`` thins samples. Default 1,
+        with the progress bar on or off: the draws depend on the seed and the
+        arguments only. NumPyro's progress bar drives the chain from a Python
+        loop that dispatches every sample; ``progress_bar=False`` runs the same
+        chain in one compiled loop, and ``num_steps=k`` pays the dispatch once
+        per k steps (another chain: every k-th step kept).
     :param int recentre_every: with control variates, move the centre every
         ``recentre_every`` warmup steps to the mean of the chain's positions over
         them (one pass over the data each). Default ``None``: a fixed centre.
