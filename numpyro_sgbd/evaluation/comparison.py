@@ -215,9 +215,10 @@ def _warn_untrusted(figures, strict):
     message = (
         f"compare: the reference is not trustworthy ({figures}), so the scores "
         "against it may be wrong, for correct runs too. Sample a trustworthy "
-        "one first: reference_posterior's warning says what to try (more "
-        "num_warmup/num_samples; laplace='auto', the default, for an "
-        "ill-conditioned posterior); strict=True makes this an error."
+        "one first, with the settings reference_posterior's warning names from "
+        "what it measured (laplace=True or dense_mass=True where draws hit the "
+        "maximal tree depth, a higher target_accept_prob for divergences, more "
+        "num_warmup otherwise); strict=True makes this an error."
     )
     if strict:
         raise ValueError(message)

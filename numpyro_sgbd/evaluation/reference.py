@@ -187,6 +187,8 @@ def _record(posterior, stats, latent, settings, seconds, form, reason):
         num_warmup=settings["num_warmup"],
         laplace=form,
         laplace_reason=reason,
+        # NUTS's adapted step size (the median over chains), for the advice.
+        step_size=float(np.median(sample_stats["step_size"])),
         dense_mass=int(settings["dense_mass"]),
         # What made it, for a reference loaded from the cache (netCDF attributes
         # hold strings, not dicts).
@@ -223,8 +225,9 @@ def reference_posterior(
     try, or raises with ``strict=True``. The figures are stored in
     ``idata.posterior.attrs`` (``max_rhat``, ``min_ess_bulk``, ``min_ess_tail``,
     ``num_divergent``, ``frac_max_tree_depth``, ``trustworthy``) together with
-    ``sampling_time`` (seconds, as PyMC and ArviZ name it), ``laplace`` and
-    ``laplace_reason`` (below) and ``settings``, the arguments that made it (JSON).
+    ``sampling_time`` (seconds, as PyMC and ArviZ name it), ``step_size`` (NUTS's
+    adapted step size), ``laplace`` and ``laplace_reason`` (below) and
+    ``settings``, the arguments that made it (JSON).
 
     **Ill-conditioned posteriors.** NumPyro's mass-matrix adaptation starts from the
     identity and shrinks the adapted (co)variance towards it with weight about
@@ -235,33 +238,44 @@ def reference_posterior(
     (``laplace="auto"``) the posterior mode :math:`\hat z` and the Hessian :math:`H`
     of the potential there are found first (damped Newton in unconstrained space),
     and NUTS runs in whitened coordinates :math:`u` with :math:`z = \hat z + W u`,
-    :math:`W W^\top \approx H^{-1}` (the Laplace covariance) when the posterior is
-    ill-conditioned there: when the Laplace sds :math:`\sqrt{(H^{-1})_{jj}}` span a
-    ratio above :data:`~numpyro_sgbd.evaluation.laplace.AUTO_SD_RATIO`, the scaled
-    Hessian :math:`D^{-1/2} H D^{-1/2}` (:math:`D` its diagonal) has a condition
-    number above :data:`~numpyro_sgbd.evaluation.laplace.AUTO_CONDITION`, or the
-    shrinkage of the last adaptation window would add more than
+    :math:`W W^\top \approx H^{-1}` (the Laplace covariance) when any of these
+    holds there: the posterior is ill-conditioned (the scaled Hessian
+    :math:`D^{-1/2} H D^{-1/2}`, :math:`D` its diagonal, has a condition number of
+    at least :data:`~numpyro_sgbd.evaluation.laplace.AUTO_CONDITION`), the Laplace
+    sds :math:`\sqrt{(H^{-1})_{jj}}` span a ratio above
+    :data:`~numpyro_sgbd.evaluation.laplace.AUTO_SD_RATIO`, or the shrinkage of the
+    last adaptation window would add more than
     :data:`~numpyro_sgbd.evaluation.laplace.AUTO_SHRINKAGE` of the smallest Laplace
     variance. A well-conditioned posterior keeps plain NUTS (the same draws as
-    ``laplace=False``), and so does one whose mode search fails or whose Hessian
-    is not positive definite to the float precision (the ``numpyro_sgbd`` logger
-    says so at WARNING). Up to
-    :data:`~numpyro_sgbd.evaluation.laplace.LAPLACE_DENSE_MAX_DIM` parameters
-    :math:`W` is dense, from the eigendecomposition of the scaled Hessian in
-    float64; above, it is :func:`~numpyro_sgbd.preconditioning.lowrank`'s diagonal
-    plus low-rank map, and the sds judged are the conditional ones,
-    :math:`H_{jj}^{-1/2}`.
+    ``laplace=False``).
+
+    :math:`W` is factored in float64 on the host, as the kernels' preconditioner
+    is, on a ladder. Up to
+    :data:`~numpyro_sgbd.evaluation.laplace.LAPLACE_DENSE_MAX_DIM` parameters it is
+    dense, from the eigendecomposition of the scaled Hessian, used as it is where
+    that is positive definite in float64 (condition numbers of 10^7 and more from
+    a float32 Hessian included), its eigenvalues floored at the Hessian's own
+    resolution (d times its dtype's machine epsilon, relative to the largest) where
+    rounding made some zero or negative. Above that size it is
+    :func:`~numpyro_sgbd.preconditioning.lowrank`'s diagonal plus low-rank map, and
+    the sds judged are the conditional ones, :math:`H_{jj}^{-1/2}`. Where neither
+    factor exists (an eigenvalue or Ritz value clearly negative) it is the
+    diagonal :math:`D^{-1/2}`. Plain NUTS is left only where no map exists: the
+    mode search failed or the Hessian's diagonal is not positive (the
+    ``numpyro_sgbd`` logger says so at WARNING).
     ``laplace=True`` whitens whatever the figures and raises where ``"auto"``
     falls back; ``laplace=False`` is plain NUTS. In :math:`u` the posterior has
     roughly unit variances, so the shrinkage is harmless, and ``dense_mass=True``
     still adapts the remaining correlation. The chains start at independent draws
-    from the Laplace approximation. What was chosen and why (the measured figures)
-    is in ``idata.posterior.attrs["laplace"]`` (``"dense"``, ``"lowrank"`` or
-    ``"none"``) and ``["laplace_reason"]``, and logged at INFO by the
-    ``numpyro_sgbd`` logger. For condition numbers of the scaled Hessian beyond
-    about 1e6, enable float64 (``jax.config.update("jax_enable_x64", True)``)
-    before building the data: a float32 Hessian cannot resolve the smallest
-    variances.
+    from the Laplace approximation. What was chosen and why (the measured figures,
+    the rung of the ladder) is in ``idata.posterior.attrs["laplace"]``
+    (``"dense"``, ``"lowrank"``, ``"diagonal"`` or ``"none"``) and
+    ``["laplace_reason"]``, and logged at INFO by the ``numpyro_sgbd`` logger.
+    A reference that fails its checks warns with the settings that would change
+    it, chosen from what it measured (the fraction of draws at the maximal tree
+    depth, the adapted step size, divergences, R-hat and ESS) among those it did
+    not use (``laplace``, ``dense_mass``, ``max_tree_depth``,
+    ``target_accept_prob``, ``num_warmup``).
 
     **Cache.** With ``cache_dir`` the result is written there as netCDF, in ArviZ's
     layout (one HDF5 group per ArviZ group, through h5netcdf), under a key that
@@ -285,8 +299,8 @@ def reference_posterior(
     :param bool dense_mass: adapt a dense mass matrix (in whitened coordinates when
         the Laplace map is used).
     :param laplace: ``"auto"`` (default): precondition by the Laplace covariance
-        at the mode when the posterior is ill-conditioned there; ``True``: always;
-        ``False``: plain NUTS (see above).
+        at the mode when NUTS needs it there (ill-conditioned, or scales it
+        cannot adapt to); ``True``: always; ``False``: plain NUTS (see above).
     :param float target_accept_prob: as :class:`~numpyro.infer.hmc.NUTS`.
     :param int max_tree_depth: as :class:`~numpyro.infer.hmc.NUTS`.
     :param cache_dir: a folder for cached references, or ``None`` for no cache.
@@ -307,14 +321,16 @@ def reference_posterior(
     2. Vehtari, A., Gelman, A., Simpson, D., Carpenter, B. & Buerkner, P.-C. (2021).
        *Rank-normalization, folding, and localization: an improved R-hat.* Bayesian
        Analysis.
+    3. Beskos, A., Pillai, N., Roberts, G., Sanz-Serna, J.-M. & Stuart, A. (2013).
+       *Optimal tuning of the hybrid Monte Carlo algorithm.* Bernoulli 19(5A).
 
     **Example**
 
     >>> import jax, numpyro, numpyro.distributions as dist
     >>> def model(y):
     ...     mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
-    ...     with numpyro.plate("data", y.shape[0], subsample_size=10):
-    ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+    ...     with numpyro.plate("data", y.shape[0], subsample_size=10) as idx:
+    ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
     >>> y = 2.0 + jax.random.normal(jax.random.key(0), (100,))
     >>> idata = reference_posterior(model, y)
     >>> bool(idata.posterior.attrs["trustworthy"])
@@ -442,41 +458,94 @@ def _report(attrs, strict, loaded_from=None):
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _advice(attrs):
-    """What to try, given what the failed reference already used."""
+# An adapted NUTS step size below this (in the coordinates NUTS ran in, its mass
+# matrix applied) means a scale or correlation NUTS's metric did not fit: where the
+# metric fits, the step is of order d^-1/4 (Beskos et al. 2013), about 0.2 at d = 1000.
+SMALL_STEP = 0.02
+
+
+def _laplace_form(attrs):
+    """``(form, setting, reason)``: the map the reference ran in, the ``laplace``
+    it was given and why it chose so (a cache written before ``"auto"`` held 0 or
+    1)."""
     form = attrs.get("laplace", 0)
-    if isinstance(form, (int, np.integer)):  # a cache written before "auto"
+    if isinstance(form, (int, np.integer)):
         form = "dense" if form else "none"
     setting = json.loads(attrs.get("settings", "{}")).get("laplace", False)
-    reason = str(attrs.get("laplace_reason", ""))
-    if form != "none":
-        return (
-            f"NUTS already ran in coordinates whitened by the {form} Laplace map, so "
-            "the posterior is far from Gaussian (skewed, heavy-tailed or "
-            "multimodal): try more num_warmup, a higher target_accept_prob, or "
-            "laplace=False."
+    return form, setting, str(attrs.get("laplace_reason", ""))
+
+
+def _scale_tips(attrs, form, setting, reason):
+    """The settings that would let NUTS's trajectories fit the posterior's scales
+    and correlations, of those the reference did not use."""
+    tips = []
+    if form == "none" and setting is False:
+        tips.append(
+            "laplace='auto' (the default) or laplace=True, NUTS in coordinates "
+            "whitened by the Laplace covariance at the mode"
         )
-    if setting == "auto" and reason.startswith(_WELL_CONDITIONED):
-        return (
-            "The Laplace approximation at the mode is well conditioned, so scale is "
-            "not the trouble: try more num_warmup/num_samples, a higher "
-            "target_accept_prob for divergences, or a reparametrisation (a funnel); "
-            "laplace=True whitens anyway."
+    elif form == "none" and reason.startswith(_WELL_CONDITIONED):
+        tips.append(
+            "laplace=True (the Laplace approximation is well conditioned, so a "
+            "funnel or a scale that varies is more likely: a reparametrisation)"
         )
-    if setting == "auto":
-        return (
-            f"laplace='auto' kept plain NUTS ({reason}): the posterior may be "
-            "multimodal or improper. Check the priors, or try more "
-            "num_warmup/num_samples and a higher target_accept_prob."
-        )
-    tips = (
-        "Try more num_warmup/num_samples, laplace='auto' (the default) or "
-        "laplace=True for an ill-conditioned posterior, or a higher "
-        "target_accept_prob for divergences."
-    )
+    elif form == "none":
+        tips.append(f"checking the model's priors: no Laplace map was built ({reason})")
     if not attrs.get("dense_mass", 0):
-        tips += (
-            " dense_mass=True adapts correlations in a posterior of few parameters "
-            "(it estimates d(d+1)/2 covariances from the warmup draws)."
+        tips.append(
+            "dense_mass=True (it adapts the correlations left, d(d+1)/2 "
+            "covariances from the warmup draws)"
         )
+    if attrs["frac_max_tree_depth"] > 0:
+        tips.append(f"max_tree_depth={int(attrs['max_tree_depth']) + 2}")
     return tips
+
+
+def _advice(attrs):
+    """What to try, chosen from what the failed reference measured (tree depth,
+    step size, divergences, R-hat and ESS) and from the settings it did not use."""
+    form, setting, reason = _laplace_form(attrs)
+    settings = json.loads(attrs.get("settings", "{}"))
+    step = float(attrs.get("step_size", np.nan))
+    deep = attrs["frac_max_tree_depth"] > 0 or step < SMALL_STEP
+    tips = _scale_tips(attrs, form, setting, reason) if deep else []
+    if attrs["num_divergent"] > 0:
+        accept = float(settings.get("target_accept_prob", 0.8))
+        tips.append(
+            f"target_accept_prob={min(0.99, 1 - (1 - accept) / 2):.3g} (was "
+            f"{accept:.3g}) for the divergences, or a reparametrisation (a funnel)"
+        )
+    if not tips:  # slow mixing only: longer adaptation and more draws
+        warmup = int(attrs.get("num_warmup", settings.get("num_warmup", 1000)))
+        figures = [
+            f"{name} {attrs[key]:{spec}}"
+            for name, key, spec in (
+                ("R-hat", "max_rhat", ".3g"),
+                ("bulk ESS", "min_ess_bulk", ".0f"),
+            )
+            if np.isfinite(attrs[key])
+        ]
+        tips.append(
+            f"num_warmup={2 * max(warmup, 500)} and more num_samples"
+            + (f" ({', '.join(figures)})" if figures else "")
+        )
+    measured = (
+        f"{100 * attrs['frac_max_tree_depth']:.0f}% of draws at the maximal tree "
+        "depth" + (f", adapted step size {step:.2g}" if np.isfinite(step) else "")
+    )
+    if form != "none" and (deep or attrs["num_divergent"] > 0):
+        lead = (
+            f"NUTS already ran in coordinates whitened by the {form} Laplace map "
+            f"({measured}), so the posterior is far from Gaussian (skewed, "
+            "heavy-tailed or multimodal) or the map's scales are off"
+        )
+    elif setting == "auto" and reason.startswith(_WELL_CONDITIONED):
+        lead = (
+            "The Laplace approximation at the mode is well conditioned, so scale "
+            f"is not the trouble ({measured})"
+        )
+    elif form != "none":
+        lead = f"NUTS ran whitened by the {form} Laplace map ({measured})"
+    else:
+        lead = f"NUTS ran without a Laplace map ({measured})"
+    return f"{lead}. Try " + "; ".join(tips) + "."
