@@ -52,6 +52,7 @@ from numpyro_sgbd.mode_search import (
     hessian_diagonal,
 )
 from numpyro_sgbd.sharding import data_sharding
+from numpyro_sgbd.validation import check_plate_data
 
 __all__ = [
     "Objective",
@@ -389,6 +390,7 @@ def posterior_mode(
     >>> round(float(mode.hessian_diag["mu"]), 2)  # N / 1 + 1 / 10^2
     100.01
     """
+    check_plate_data(model, model_args, model_kwargs)
     objective = full_data_objective(
         model, model_args, model_kwargs, chunk_size=chunk_size, rng_key=rng_key
     )

@@ -1,17 +1,20 @@
 """Checks of what a user passes, made before anything is compiled.
 
-Bad input that JAX accepts silently: :func:`check_plate_data` finds data arrays
-that a subsample plate's indices read but whose length is not the plate's size
-(JAX clamps an index past the end of an array to its last row, so a ``y`` 100 rows
-short is misread rather than refused); :func:`check_step_size` and
-:func:`check_real` refuse hyperparameters that NumPy would convert from a string;
-:func:`warn_unadapted` says when ``step_size=None`` gets no warmup to adapt in.
+Bad input that JAX accepts silently or reports far from its cause:
+:func:`check_plate_data` finds data arrays that a subsample plate's indices read
+but whose length is not the plate's size (JAX clamps an index past the end of an
+array to its last row, so a ``y`` 100 rows short is misread rather than
+refused), data of the plate's full size used without its indices (JAX's
+"Incompatible shapes for broadcasting") and NaN or infinity in the data's rows;
+:func:`check_step_size` and :func:`check_real` refuse hyperparameters that NumPy
+would convert from a string; :func:`warn_unadapted` says when ``step_size=None``
+gets no warmup to adapt in.
 """
 
 from contextlib import contextmanager, suppress
 import contextvars
-from dataclasses import dataclass
 import inspect
+from itertools import product
 import logging
 import warnings
 import weakref
@@ -20,16 +23,18 @@ import jax
 from jax import tree_util
 import jax.numpy as jnp
 import numpy as np
+from numpyro.distributions.distribution import MaskedDistribution
 from numpyro.primitives import _PYRO_STACK, Messenger, plate
 
-from numpyro_sgbd._gathered import _UNARY
+from numpyro_sgbd.finite_data import check_finite_rows
 from numpyro_sgbd.handlers import sample_trace
 from numpyro_sgbd.host import HostArray
+from numpyro_sgbd.index_reads import IndexedReads, plate_index_p, reading_site
 
 try:  # public from JAX 0.4.30
-    from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Primitive
+    from jax.extend.core import Literal
 except ImportError:  # pragma: no cover - older JAX
-    from jax.core import ClosedJaxpr, Jaxpr, Literal, Primitive
+    from jax.core import Literal
 
 __all__ = [
     "check_plate_data",
@@ -43,76 +48,32 @@ logger = logging.getLogger(__name__)
 
 # ------------------------------------------------------------ plate data lengths
 
-#: The indices of a subsample plate in the traced model: a primitive of our own,
-#: so that the jaxpr says which values are a plate's indices. It is only ever
-#: traced (:func:`jax.make_jaxpr`), never evaluated or compiled. Its operand, an
-#: input of the traced program, keeps it in that trace where the kernel is set up
-#: under ``jax.ensure_compile_time_eval`` (a primitive without operands would be
-#: evaluated there).
-_plate_index_p = Primitive("sgbd_plate_index")
-_plate_index_p.def_abstract_eval(
-    lambda anchor, *, name, size, n: jax.core.ShapedArray((n,), jnp.int32)
-)
-
-
-def _never_evaluated(*args, **params):
-    raise RuntimeError("sgbd_plate_index is traced by check_plate_data only.")
-
-
-_plate_index_p.def_impl(_never_evaluated)
-
-#: Operations whose integer output holds the same indices as an input (in
-#: another dtype, shape or order): ``jnp.take``'s handling of negative indices
-#: (``select_n(i < 0, i, i + len)``, whose plain branch carries the index), a
-#: clamp or wrap, reshapes and slices. Arithmetic that moves an index (``idx +
-#: 1``, ``2 * idx``) is left out: the array it reads may rightly be longer than
-#: the plate (the next time step of a series).
-_SAME_VALUES = {
-    "clamp",
-    "convert_element_type",
-    "copy",
-    "copy_p",
-    "max",
-    "min",
-    "reduce_precision",
-    "rem",
-    "select_n",
-}
-_SAME_VALUES_MOVED = {
-    "broadcast_in_dim",
-    "dynamic_slice",
-    "expand_dims",
-    "reshape",
-    "slice",
-    "squeeze",
-}
-#: Arithmetic that moves an index by a constant (``idx + 1``): the array it
-#: reads may rightly be longer than the plate (a series read at ``y[idx]`` and
-#: ``y[idx + 1]``), so it is only required to be no shorter.
-_MOVES = {"add", "sub"}
-#: Operations after which an array still has its input's rows (for naming the
-#: model argument that a gather reads): dtype casts and elementwise maps.
-_SAME_ROWS = _UNARY | {"copy", "copy_p", "reduce_precision"}
-
 
 class _DataLengthError(ValueError):
     """Raised from inside the trace; let through where other errors are not."""
 
 
 class _PlateIndices(Messenger):
-    """Gives each subsample plate its marked indices (``_plate_index_p``), records
+    """Gives each subsample plate its marked indices (``plate_index_p``), records
     the plates, and checks ``numpyro.subsample`` as NumPyro does, naming the
     argument."""
 
-    def __init__(self, fn, labels, anchor):
+    def __init__(self, fn, labels, anchor, full=False):
         self.labels = labels  # id(tracer of an argument array) -> its label
         self.anchor = anchor
+        self.full = full  # indices of the plate's full size (see _unindexed)
         self.plates = {}  # name -> (size, n)
+        self.masked = False  # an observed site under a mask (missing data)
         super().__init__(fn)
 
     def process_message(self, msg):
         if msg["type"] == "subsample":
             self._check_subsample(msg)
+            return
+        if msg["type"] == "sample" and msg["is_observed"]:
+            self.masked |= _is_masked(msg["fn"])
+            if not self.full:
+                self._check_observed(msg)
             return
         if msg["type"] != "plate" or msg["value"] is not None:
             return
@@ -126,9 +87,27 @@ class _PlateIndices(Messenger):
         # n > size is reported by the kernels' own plate check (marked all the
         # same: left to NumPyro, the plate would warn about it first).
         self.plates[msg["name"]] = (size, n)
-        msg["value"] = _plate_index_p.bind(
-            self.anchor, name=msg["name"], size=size, n=n
+        msg["value"] = plate_index_p.bind(
+            self.anchor, name=msg["name"], size=size, n=size if self.full else n
         )
+
+    def _check_observed(self, msg):
+        """An observed value with the full size of a subsample plate along the
+        plate's axis: the data were not indexed by the plate's indices."""
+        shape = jnp.shape(msg["value"])
+        event_dim = len(getattr(msg["fn"], "event_shape", ()))
+        for frame in msg["cond_indep_stack"]:
+            size, n = self.plates.get(frame.name, (None, None))
+            axis = frame.dim - event_dim
+            if size is None or n >= size or len(shape) < -axis:
+                continue
+            if shape[axis] == size:
+                label = self.labels.get(id(msg["value"]))
+                of = f" ({label})" if label else ""
+                raise _DataLengthError(
+                    f"the value observed at site '{msg['name']}'{of}: "
+                    + _unindexed_message(shape, len(shape) + axis, frame.name, n)
+                )
 
     def _check_subsample(self, msg):
         # NumPyro's plate checks this too, after us and without naming the data.
@@ -158,6 +137,33 @@ def _mismatch(shape, axis, name, size):
         f"without an error. Pass {size} entries along axis {axis}, one per datum "
         f"of the plate, or, if the data are right, declare the plate with their "
         f"length: numpyro.plate('{name}', {shape[axis]}, subsample_size=...)."
+    )
+
+
+def _is_masked(fn):
+    """Whether the distribution ``fn`` is masked (``obs_mask``,
+    :class:`numpyro.handlers.mask`), under any wrappers."""
+    while fn is not None:
+        if isinstance(fn, MaskedDistribution):
+            return True
+        fn = getattr(fn, "base_dist", None)
+    return False
+
+
+def _unindexed_message(shape, axis, name, n):
+    """The error's core and its fix, for data of ``shape`` whose ``axis`` has the
+    full size of the subsample plate ``name`` drawing ``n`` rows, used without
+    the plate's indices."""
+    size = shape[axis]
+    take = "x[idx]" if axis == 0 else f"jnp.take(x, idx, axis={axis})"
+    return (
+        f"it has {size} entries along axis {axis} (shape {tuple(shape)}), the full "
+        f"size of the subsample plate '{name}', but is used without the plate's "
+        f"indices, so it meets the plate's {n} subsampled rows (in JAX: "
+        f"'Incompatible shapes for broadcasting: ({n},), ({size},)'). Index it "
+        f"with the plate's indices: with numpyro.plate('{name}', {size}, "
+        f"subsample_size={n}) as idx, use {take} (obs=y[idx] for an observed "
+        "site), or numpyro.subsample(x, event_dim=...)."
     )
 
 
@@ -200,8 +206,10 @@ def _is_data(leaf):
 
 
 def check_plate_data(model, model_args=(), model_kwargs=None):
-    """Raise if an array that the model indexes with a subsample plate's indices
-    does not have the plate's size along the indexed axis.
+    """Raise if the model reads its data wrongly through a subsample plate: an
+    array that the plate's indices read without the plate's size along the
+    indexed axis, an array or observed value of the plate's full size used
+    without its indices, or a non-finite entry in a row of the data.
 
     The model runs once as a :func:`jax.make_jaxpr` trace, on abstract arrays of
     the data's shapes (nothing is computed on the data), with each subsample
@@ -212,71 +220,46 @@ def check_plate_data(model, model_args=(), model_kwargs=None):
     ``dynamic_slice`` that they index must read an array with the plate's size
     along the axes they index. What a gather returns is not an index: in
     ``effect[group[idx]]`` ``group`` must have the plate's size, ``effect`` may
-    have any. A model that cannot be traced this way (Python control flow on the
-    data's values) is not checked.
+    have any. An observed value with the plate's full size along the plate's
+    axis (``obs=y`` for ``obs=y[idx]``) is refused; where the trace fails on
+    shapes that do not broadcast, the model is traced again with indices of the
+    plate's full size, and the arguments of that size that no index reads are
+    named. Last, the rows of every concrete floating-point argument with an
+    axis of a plate's size are checked on the host for NaN and infinity, unless
+    the model tests them itself (``jnp.isnan``, ``jnp.isfinite``) or masks an
+    observed site (``obs_mask``, :class:`numpyro.handlers.mask`), as a model of
+    missing data does. A model that cannot be traced this way (Python control
+    flow on the data's values) is not checked.
 
     :param model: a NumPyro model.
     :param tuple model_args: its positional arguments.
     :param dict model_kwargs: its keyword arguments.
     :raises ValueError: naming the argument (by the model's parameter name where
         its signature gives one), its length, the site that reads it where one
-        can be found, the plate's name and size, and the fix.
+        can be found, the plate's name and size, and the fix; for a non-finite
+        value, the argument, its first bad row and the fix.
     """
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
-    tree = (tuple(model_args), model_kwargs)
     with_paths, treedef = tree_util.tree_flatten_with_path(
-        tree, is_leaf=lambda x: isinstance(x, HostArray)
+        (tuple(model_args), model_kwargs), is_leaf=lambda x: isinstance(x, HostArray)
     )
     leaves = [leaf for _, leaf in with_paths]
     data = [j for j, leaf in enumerate(leaves) if _is_data(leaf)]
     if not data:
         return
     labels = _argument_labels(model, [with_paths[j][0] for j in data])
-    found = {}
-
-    def run(arrays, anchor):
-        full = list(leaves)
-        for j, x in zip(data, arrays):
-            full[j] = x
-        args, kwargs = tree_util.tree_unflatten(treedef, full)
-        names = {id(x): s for x, s in zip(arrays, labels)}
-        marker = _PlateIndices(model, names, anchor)
-        trace = sample_trace(marker, args, kwargs)
-        outs, sites = [], []
-        for name, site in trace.items():
-            if site["type"] not in ("sample", "deterministic"):
-                continue
-            parts = [site["value"]]
-            if site["type"] == "sample":
-                # The distribution's parameters: X[idx] @ w reaches them (a
-                # distribution that is no pytree has none to give).
-                with suppress(Exception):
-                    parts += jax.tree.leaves(site["fn"])
-            for x in parts:
-                if isinstance(x, jax.core.Tracer):
-                    outs.append(x)
-                    sites.append(name)
-        found.update(plates=marker.plates, sites=sites)
-        return outs
-
+    traced = _Traced(model, leaves, treedef, data, labels)
     try:
-        closed = jax.make_jaxpr(run)(
-            [_abstract(leaves[j]) for j in data], jax.ShapeDtypeStruct((), jnp.int32)
-        )
-    except _DataLengthError:
-        raise
+        closed, found = traced.trace()
+    except _DataLengthError as error:
+        raise ValueError(str(error)) from None
     except Exception as error:  # noqa: BLE001 - the kernels' own trace reports it
+        traced.diagnose(error)  # raises where it finds the unindexed argument
         logger.debug("check_plate_data: the model was not traced (%r)", error)
         return
     if not found["plates"]:
         return
-    jaxpr = closed.jaxpr
-    reads = _IndexedReads(found["plates"])
-    reads.walk(
-        jaxpr,
-        {},
-        {v: (j, tuple(range(v.aval.ndim))) for j, v in enumerate(jaxpr.invars[:-1])},
-    )
+    reads = traced.walk(closed, found["plates"])
     problems = []
     for (j, axis, name), (shape, top) in reads.problems.items():
         size = reads.size[name]
@@ -286,199 +269,113 @@ def check_plate_data(model, model_args=(), model_kwargs=None):
             label, shape = labels[j], tuple(leaves[data[j]].shape)
         else:
             label = f"an array of shape {shape} computed in the model"
-        site = _reading_site(jaxpr, top, found["sites"])
+        site = reading_site(closed.jaxpr, top, found["sites"])
         at = f" (read by the model's site '{site}')" if site else ""
         problems.append(f"{label}{at}: " + _mismatch(shape, axis, name, size))
     if problems:
         raise ValueError("\n".join(problems))
+    if not found["masked"]:
+        sizes = {size for size, _ in found["plates"].values()}
+        for j, label in enumerate(labels):
+            if j not in reads.nan_aware:
+                check_finite_rows(leaves[data[j]], label, sizes)
 
 
-@dataclass(frozen=True)
-class _Moved:
-    """The tag of an index moved by a constant (``idx + c``) of the plate
-    ``name``."""
+class _Traced:
+    """The model over abstract arrays of its data (the array leaves ``data`` of
+    ``leaves``, the flat ``(model_args, model_kwargs)``), as
+    :func:`check_plate_data` traces it."""
 
-    name: str
+    def __init__(self, model, leaves, treedef, data, labels):
+        self.model, self.leaves, self.treedef = model, leaves, treedef
+        self.data, self.labels = data, labels
+        self.plates = {}  # the plates found by the last trace, failed or not
 
+    def trace(self, full=False):
+        """``(closed jaxpr, found)``: the program, with the data and an anchor as
+        inputs, whose outputs are the sites' values and distributions' leaves;
+        ``found`` has the ``plates``, the ``sites`` of the outputs and whether an
+        observed site is ``masked``. ``full``: indices of the plates' full
+        sizes."""
+        found = {}
 
-def _is_index(tag):
-    """Whether ``tag`` is a whole array's: a plate's index or a moved one."""
-    return isinstance(tag, (str, _Moved))
+        def run(arrays, anchor):
+            full_leaves = list(self.leaves)
+            for j, x in zip(self.data, arrays):
+                full_leaves[j] = x
+            args, kwargs = tree_util.tree_unflatten(self.treedef, full_leaves)
+            names = {id(x): s for x, s in zip(arrays, self.labels)}
+            marker = _PlateIndices(self.model, names, anchor, full=full)
+            self.plates = marker.plates
+            trace = sample_trace(marker, args, kwargs)
+            outs, sites = [], []
+            for name, site in trace.items():
+                if site["type"] not in ("sample", "deterministic"):
+                    continue
+                parts = [site["value"]]
+                if site["type"] == "sample":
+                    # The distribution's parameters: X[idx] @ w reaches them (a
+                    # distribution that is no pytree has none to give).
+                    with suppress(Exception):
+                        parts += jax.tree.leaves(site["fn"])
+                for x in parts:
+                    if isinstance(x, jax.core.Tracer):
+                        outs.append(x)
+                        sites.append(name)
+            found.update(plates=marker.plates, sites=sites, masked=marker.masked)
+            return outs
 
+        closed = jax.make_jaxpr(run)(
+            [_abstract(self.leaves[j]) for j in self.data],
+            jax.ShapeDtypeStruct((), jnp.int32),
+        )
+        return closed, found
 
-def _carry(sources, targets, source_maps, target_maps):
-    """Copy what each map in ``source_maps`` holds for ``sources[k]`` into the
-    matching map in ``target_maps`` under ``targets[k]`` (a call's arguments into
-    its body, or its results back out); literals hold nothing."""
-    for source, target in zip(sources, targets):
-        if isinstance(source, Literal):
-            continue
-        for held, into in zip(source_maps, target_maps):
-            if source in held:
-                into[target] = held[source]
+    def walk(self, closed, plates):
+        """The :class:`IndexedReads` of the program ``closed``."""
+        jaxpr = closed.jaxpr
+        reads = IndexedReads(plates)
+        reads.walk(
+            jaxpr,
+            {},
+            {
+                v: (j, tuple(range(v.aval.ndim)))
+                for j, v in enumerate(jaxpr.invars[:-1])
+            },
+        )
+        return reads
 
-
-class _IndexedReads:
-    """One pass over a jaxpr: which values hold a plate's indices, and the arrays
-    they index, by (argument leaf, axis, plate): ``problems`` (a length other
-    than the plate's: the shape and the top-level equation that reads it) and
-    ``moved`` (read at moved indices)."""
-
-    def __init__(self, plates):
-        self.size = {name: size for name, (size, _) in plates.items()}
-        self.problems = {}
-        self.moved = set()
-
-    def walk(self, jaxpr, tags, origins, top=None):
-        """``tags``: variable -> a plate's name (every entry is that plate's
-        index), a :class:`_Moved`, or a tuple over the last axis of them or
-        ``None``; ``origins``: variable -> (argument leaf, the leaf's axis or
-        ``None`` for each of its axes), for arrays that hold a leaf's rows."""
-        for k, eqn in enumerate(jaxpr.eqns):
-            where = k if top is None else top
-            ins = [None if isinstance(v, Literal) else tags.get(v) for v in eqn.invars]
-            if eqn.primitive is _plate_index_p:
-                tags[eqn.outvars[0]] = eqn.params["name"]
-                continue
-            inner = _sub_jaxpr(eqn)
-            if inner is not None:
-                self._call(eqn, inner, tags, origins, where)
-                continue
-            name = eqn.primitive.name
-            if name == "gather" and ins[1] is not None:
-                starts = eqn.params["dimension_numbers"].start_index_map
-                self._check(eqn.invars[0], ins[1], starts, origins, where)
-            elif name == "dynamic_slice":
-                for axis, t in enumerate(ins[1:]):
-                    if _is_index(t):
-                        self._check(eqn.invars[0], t, (axis,), origins, where)
-            if eqn.primitive.multiple_results:
-                continue
-            (out,) = eqn.outvars
-            tag = _index_tag(eqn, ins)
-            if tag is not None and jnp.issubdtype(out.aval.dtype, jnp.integer):
-                tags[out] = tag
-            origin = _origin(eqn, origins)
-            if origin is not None:
-                origins[out] = origin
-
-    def _call(self, eqn, inner, tags, origins, where):
-        """A call (``jit``, ``custom_jvp_call``, ...): its body walked with the
-        caller's tags and origins on its inputs, and its outputs' brought back."""
-        inner_tags, inner_origins = {}, {}
-        _carry(eqn.invars, inner.invars, (tags, origins), (inner_tags, inner_origins))
-        self.walk(inner, inner_tags, inner_origins, where)
-        _carry(inner.outvars, eqn.outvars, (inner_tags, inner_origins), (tags, origins))
-
-    def _check(self, operand, tag, axes, origins, where):
-        """Record the reads of ``operand`` along each axis that an index position
-        (``axes``, a gather's ``start_index_map``) reads."""
-        if isinstance(operand, Literal):
+    def diagnose(self, error):
+        """After the trace failed with ``error``: where shapes did not broadcast
+        and a subsample plate draws fewer rows than its size, trace again with
+        indices of the plates' full sizes, and raise naming the arguments of a
+        plate's size that the model uses but no index reads."""
+        plates = {k: (size, n) for k, (size, n) in self.plates.items() if n < size}
+        if not plates or "incompatible shapes" not in str(error).lower():
             return
-        shape = operand.aval.shape
-        leaf, leaf_axes = origins.get(operand, (operand, range(len(shape))))
-        for position, axis in enumerate(axes):
-            entry = tag if _is_index(tag) else tag[position]
-            if entry is None or leaf_axes[axis] is None:
-                continue
-            if isinstance(entry, _Moved):
-                self.moved.add((leaf, leaf_axes[axis], entry.name))
-            elif shape[axis] != self.size[entry]:
-                key = (leaf, leaf_axes[axis], entry)
-                self.problems.setdefault(key, (shape, where))
+        try:
+            closed, _ = self.trace(full=True)
+        except Exception:  # noqa: BLE001 - not a matter of indices, then
+            return
+        reads = self.walk(closed, plates)
+        used = _used_inputs(closed.jaxpr)
+        problems = []
+        for j in sorted(used & set(range(len(self.data)))):
+            shape = tuple(self.leaves[self.data[j]].shape)
+            for axis, (name, (size, n)) in product(range(len(shape)), plates.items()):
+                if shape[axis] == size and (j, axis, name) not in reads.read:
+                    message = _unindexed_message(shape, axis, name, n)
+                    problems.append(f"{self.labels[j]}: {message}")
+        if problems:
+            raise ValueError("\n".join(problems)) from error
 
 
-def _origin(eqn, origins):
-    """``(leaf, axes)`` of the output of ``eqn`` where it holds a leaf's rows along
-    some axes (see :meth:`_IndexedReads.walk`): an elementwise map keeps them, a
-    gather keeps the axes it takes whole."""
-    name = eqn.primitive.name
-    (out,) = eqn.outvars
-    sources = [v for v in eqn.invars if not isinstance(v, Literal)]
-    if not sources or sources[0] not in origins:
-        return None
-    leaf, axes = origins[sources[0]]
-    if name in _SAME_ROWS and len(sources) == 1:
-        return (leaf, axes) if out.aval.shape == sources[0].aval.shape else None
-    if name != "gather":
-        return None
-    # The output's offset dims are the operand's axes that are neither collapsed
-    # nor batched, in order; an axis sliced whole keeps the leaf's entries.
-    numbers = eqn.params["dimension_numbers"]
-    operand = eqn.invars[0].aval.shape
-    dropped = set(numbers.collapsed_slice_dims) | set(
-        getattr(numbers, "operand_batching_dims", ())
-    )
-    kept = [a for a in range(len(operand)) if a not in dropped]
-    out_axes = [None] * out.aval.ndim
-    for out_axis, a in zip(numbers.offset_dims, kept):
-        if eqn.params["slice_sizes"][a] == operand[a]:
-            out_axes[out_axis] = axes[a]
-    return (leaf, tuple(out_axes))
-
-
-def _sub_jaxpr(eqn):
-    """The body of a call whose inputs and outputs are the body's, one to one
-    (``jit``, ``remat``, ``custom_jvp_call``, ``custom_vjp_call``), else
-    ``None`` (a loop or a branch, whose indices are not followed)."""
-    bodies = [p for p in eqn.params.values() if isinstance(p, (ClosedJaxpr, Jaxpr))]
-    if len(bodies) != 1:
-        return None
-    body = bodies[0].jaxpr if isinstance(bodies[0], ClosedJaxpr) else bodies[0]
-    if len(body.invars) != len(eqn.invars) or len(body.outvars) != len(eqn.outvars):
-        return None
-    return body
-
-
-def _index_tag(eqn, ins):
-    """The plate index the output of ``eqn`` holds (see
-    :meth:`_IndexedReads.walk`), or ``None``."""
-    name = eqn.primitive.name
-    (out,) = eqn.outvars
-    if name in _SAME_VALUES:
-        cases = ins[1:] if name == "select_n" else ins
-        if name == "clamp":
-            cases = ins[1:2]
-        tagged = {t for t in cases if _is_index(t)}
-        # jnp.take's select_n(i < 0, i, i + len): the plain branch's tag.
-        plain = {t for t in tagged if isinstance(t, str)}
-        tagged = plain or tagged
-        return tagged.pop() if len(tagged) == 1 else None
-    if name in _MOVES:
-        tagged = [t for t in ins if t is not None]
-        if len(tagged) == 1 and _is_index(tagged[0]):
-            return _Moved(getattr(tagged[0], "name", tagged[0]))
-        return None
-    if name in _SAME_VALUES_MOVED:
-        return ins[0] if _is_index(ins[0]) else None
-    if name == "concatenate":
-        if eqn.params["dimension"] != out.aval.ndim - 1:
-            tagged = set(ins)
-            return ins[0] if len(tagged) == 1 and _is_index(ins[0]) else None
-        entries = ()
-        for v, t in zip(eqn.invars, ins):
-            entries += (
-                t
-                if isinstance(t, tuple) and not _is_index(t)
-                else (t,) * (v.aval.shape[-1])
-            )
-        if all(e is None for e in entries):
-            return None
-        return entries[0] if len(set(entries)) == 1 else entries
-    return None
-
-
-def _reading_site(jaxpr, top, sites):
-    """The first site (in the model's order) whose value or distribution depends
-    on the outputs of the top-level equation ``top``, or ``None``."""
-    reached = set(jaxpr.eqns[top].outvars)
-    for eqn in jaxpr.eqns[top + 1 :]:
-        if any(not isinstance(v, Literal) and v in reached for v in eqn.invars):
-            reached.update(eqn.outvars)
-    for v, site in zip(jaxpr.outvars, sites):
-        if not isinstance(v, Literal) and v in reached:
-            return site
-    return None
+def _used_inputs(jaxpr):
+    """The positions of the inputs of ``jaxpr`` that some equation or output
+    reads."""
+    read = {v for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, Literal)}
+    read |= {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+    return {j for j, v in enumerate(jaxpr.invars) if v in read}
 
 
 # --------------------------------------------------------------- hyperparameters

@@ -15,7 +15,7 @@ from numpyro.infer.mcmc import MCMCKernel
 import pytest
 
 import numpyro_sgbd
-from numpyro_sgbd import SGBD, SGLD, host_data, reference_posterior
+from numpyro_sgbd import SGBD, SGLD, host_data, posterior_mode, reference_posterior
 from numpyro_sgbd.validation import check_plate_data
 
 # The issue's logistic regression, smaller: N declared as a constant, as a user
@@ -116,6 +116,109 @@ def test_second_plate_and_lagged_reads():
             numpyro.sample("y", dist.Normal(rho * y[t], 1.0), obs=y[t + 1])
 
     check_plate_data(series, (Y,))
+
+
+# ------------------------------------------ data used without the plate's indices
+
+
+def unindexed_obs(X, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    with numpyro.plate("data", N, subsample_size=SUBSAMPLE) as idx:
+        numpyro.sample("obs", dist.Bernoulli(logits=X[idx] @ w), obs=y)
+
+
+def unindexed_x(X, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    with numpyro.plate("data", N, subsample_size=SUBSAMPLE) as idx:
+        numpyro.sample("obs", dist.Bernoulli(logits=X @ w), obs=y[idx])
+
+
+# Each entry point that samples or searches on the model: the error must come
+# from the check, before anything is compiled.
+ENTRY_POINTS = {
+    "kernel": _sgbd_init,
+    "reference": lambda model, *args: reference_posterior(
+        model, *args, num_warmup=10, num_samples=10
+    ),
+    "mode": posterior_mode,
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_an_observed_site_without_the_plates_indices_is_named(entry):
+    """``obs=y`` for ``obs=y[idx]``: the kernels met JAX's "Incompatible shapes
+    for broadcasting"; the reference and the mode search, which evaluate the
+    plate whole, ran on a model that no kernel can run."""
+    with pytest.raises(
+        ValueError,
+        match=r"site 'obs' \(model argument 'y' \(positional argument 1\)\): "
+        rf"it has {N} entries.*without the plate's indices.*obs=y\[idx\]",
+    ):
+        ENTRY_POINTS[entry](unindexed_obs, X, Y)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_an_argument_without_the_plates_indices_is_named(entry):
+    """``X @ w`` for ``X[idx] @ w``: the argument is named, and y, read at the
+    plate's indices, is not."""
+    with pytest.raises(ValueError) as caught:
+        ENTRY_POINTS[entry](unindexed_x, X, Y)
+    text = str(caught.value)
+    assert text.startswith("model argument 'X' (positional argument 0): it has")
+    assert "use x[idx]" in text and "argument 'y'" not in text
+
+
+BAD_ROW = 17
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("bad", [np.nan, -np.inf], ids=["nan", "inf"])
+def test_a_non_finite_covariate_is_named_with_its_row(entry, bad):
+    """The kernels said "potential not finite ... standardise the covariates",
+    the reference NumPyro's "invalid logits"; neither named the NaN."""
+    bad_x = X.copy()
+    bad_x[BAD_ROW, 1] = bad
+    bad_x[BAD_ROW + 5, 0] = bad
+    with pytest.raises(
+        ValueError,
+        match=rf"argument 'X' .*non-finite value at row {BAD_ROW} "
+        rf"\(entry \({BAD_ROW}, 1\) is {bad}; 2 of {N} rows hold",
+    ):
+        ENTRY_POINTS[entry](logistic, bad_x, Y)
+
+
+def test_a_non_finite_value_on_another_axis_or_on_the_host_is_named():
+    with pytest.raises(ValueError, match=r"argument 'y'.*at row 3 "):
+        check_plate_data(logistic, host_data(X, np.where(np.arange(N) == 3, np.nan, Y)))
+
+    def transposed(Xt, y):
+        logistic(Xt.T, y)
+
+    bad = X.T.copy()
+    bad[2, 9] = np.inf
+    with pytest.raises(ValueError, match=r"index 9 along axis 1 \(entry \(2, 9\)"):
+        check_plate_data(transposed, (jnp.asarray(bad), Y))
+
+
+def test_missing_data_that_the_model_handles_are_not_refused():
+    """NaN where the model masks the observations (``obs_mask``) or tests for
+    NaN itself: missing data, not an error."""
+    missing = np.where(np.arange(N) % 10 == 0, np.nan, Y).astype(np.float32)
+
+    def masked(X, y, observed):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+        with numpyro.plate("data", N, subsample_size=SUBSAMPLE) as idx:
+            numpyro.sample(
+                "obs", dist.Normal(X[idx] @ w, 1.0), obs=y[idx], obs_mask=observed[idx]
+            )
+
+    def imputed(X, y):
+        logistic(jnp.nan_to_num(X), y)
+
+    check_plate_data(masked, (X, missing, np.isfinite(missing)))
+    bad_x = X.copy()
+    bad_x[BAD_ROW, 1] = np.nan
+    check_plate_data(imputed, (bad_x, Y))
 
 
 # --------------------------------------------------------------- step sizes

@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from numpyro_sgbd import convergence
 from numpyro_sgbd.evaluation import _arviz
 from numpyro_sgbd.evaluation._runs import (
     check_shapes,
@@ -135,12 +136,14 @@ def _draws_and_scores(source, draws, num_draws):
 
 def _ess(flat):
     """``{"bulk", "tail", "r_hat"}`` per component of ``flat`` (chain, draw, K):
-    ArviZ's ESS and R-hat (NaN for a single chain)."""
-    out = {}
-    for method in ("bulk", "tail"):
-        out[method] = _arviz.ess(flat, method=method).reshape(-1)
+    the rank-normalised ESS and R-hat of :func:`numpyro_sgbd.convergence.summary`
+    (NaN R-hat for a single chain), the statistics ArviZ reports and the very
+    function the kernels' convergence check uses, so the ESS of a run is one
+    figure in both."""
+    stats = convergence.summary(flat)
+    out = {"bulk": stats.ess_bulk.reshape(-1), "tail": stats.ess_tail.reshape(-1)}
     if flat.shape[0] > 1:
-        out["r_hat"] = _arviz.rhat(flat).reshape(-1)
+        out["r_hat"] = stats.rhat.reshape(-1)
     else:
         out["r_hat"] = np.full(flat.shape[-1], np.nan)
     return out
@@ -172,8 +175,8 @@ def _reference_check(reference, flat):
     )
     with warnings.catch_warnings():  # a constant component gives NaN, said below
         warnings.simplefilter("ignore", RuntimeWarning)
-        max_rhat = float(np.nanmax(_arviz.rhat(halves))) if draws >= 8 else np.nan
-        min_ess = float(np.nanmin(_arviz.ess(flat, method="bulk")))
+        max_rhat = float(np.nanmax(convergence.rhat(halves))) if draws >= 8 else np.nan
+        min_ess = float(np.nanmin(convergence.ess_bulk(flat)))
     ess_min = ESS_PER_CHAIN_MIN * chains
     trusted = bool(max_rhat < RHAT_MAX and min_ess >= ess_min)
     figures = (
@@ -385,8 +388,11 @@ def compare(
     the mean :math:`|\bar\theta_j - E\theta_j| / \mathrm{sd}(\theta_j)` and of the
     variance :math:`|\hat v_j - \mathrm{Var}\,\theta_j| / \mathrm{sd}(\theta_j)`
     (SGBD paper, supplement eq. 40), which has the parameter's units, and the
-    scale-free :math:`|\hat v_j / \mathrm{Var}\,\theta_j - 1|`, ArviZ's bulk and
-    tail ESS and R-hat; over all
+    scale-free :math:`|\hat v_j / \mathrm{Var}\,\theta_j - 1|`, the bulk and
+    tail ESS and rank-normalised R-hat that ArviZ reports (computed by
+    :func:`numpyro_sgbd.convergence.summary`, as the kernels' convergence check
+    computes them, so that a run's ESS is the same figure in its warning and
+    here); over all
     components, the relative error of the posterior standard deviations
     :math:`\xi = \|\hat\sigma - \sigma_{\mathrm{ref}}\|_2 / \|\sigma_{\mathrm{ref}}\|_2`
     (tuning paper, Section 4.1), the largest biases, the smallest bulk ESS and the

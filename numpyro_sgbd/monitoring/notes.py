@@ -326,16 +326,27 @@ class Monitor:
             return
         self.drift_warned = True
         self.record_warning("drift")
-        j, t, shift = found
         remedies = advice.drift_remedies(kernel._run_facts())
-        name = flat_name(kernel._draw_shapes, j)
+        name = flat_name(kernel._draw_shapes, found.index)
+        so_far = f"over the {i - kernel._num_warmup} sampling iterations so far"
+        if found.t is None:
+            what = (
+                f"The chain is not mixing: {so_far}, {name} held still within the "
+                "first quarter of its draws and within the last (zero sd in both; "
+                f"draws every {every} iterations) but moved between them, from "
+                f"{found.before:.3g} to {found.after:.3g}: it moves too rarely for "
+                "its draws to represent its posterior (a local site's row moves "
+                "only when its datum is drawn and its move is accepted)."
+            )
+        else:
+            what = (
+                f"The chain is still drifting: {so_far}, the mean of {name} moved "
+                f"{found.shift:.2g} posterior sds between the first and last quarter "
+                f"({abs(found.t):.1f} standard errors; draws every {every} "
+                "iterations). The draws do not yet come from the stationary law."
+            )
         warnings.warn(
-            f"The chain is still drifting: over the {i - kernel._num_warmup} "
-            f"sampling iterations so far, the mean of {name} moved "
-            f"{shift:.2g} posterior sds between the first and last quarter "
-            f"({abs(t):.1f} standard errors; draws every {every} iterations). The "
-            "draws do not yet come from the stationary law. "
-            f"{advice.join(remedies)}",
+            f"{what} {advice.join(remedies)}",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -156,10 +156,19 @@ def _on_run_end(kernel, rows):
         num_samples=monitor.trace_plan.num_samples,
         warned=monitor.run_warnings,
     )
+    trace_plan = monitor.trace_plan
+    if trace_plan.every == trace_plan.thinning:
+        draws = f"{found['num_draws']} draws, all the run keeps"
+    else:
+        draws = (
+            f"{found['num_draws']} evenly spaced draws of the "
+            f"{trace_plan.num_samples // trace_plan.thinning} it keeps, so "
+            "compare's ESS of all of them may differ"
+        )
     warnings.warn(
         f"{type(kernel).__name__}: the sampling draws have "
         f"{' and '.join(parts)} (rank-normalised, over {found['num_chains']} "
-        f"chain(s) of {found['num_draws']} evenly spaced draws; the check "
+        f"chain(s) of {draws}; the check "
         f"wants ESS >= {MIN_ESS} and R-hat <= {MAX_RHAT})"
         ": means and sds carry Monte Carlo errors too large to trust. "
         f"{advice.join(remedies)} See kernel.convergence.",

@@ -13,8 +13,15 @@ the chains and computes the rank-normalised bulk and tail ESS and split R-hat of
 Vehtari et al. (2021), the statistics ArviZ reports, with
 :mod:`numpyro_sgbd.convergence`.
 
-The ESS of draws thinned to k rows is about ``min(k, ESS of the chain)``, so with
-1,024 rows a chain with fewer than :data:`MIN_ESS` effective draws shows it.
+The record holds every draw the run keeps (every ``thinning``-th sample of
+NumPyro's ``MCMC``) where that fits in :data:`TRACE_ROWS` x :data:`TRACE_COORDS`
+values per chain (more rows where fewer coordinates are checked), so the check's
+ESS is that of the draws ``mcmc.get_samples()`` returns, computed as
+:func:`~numpyro_sgbd.compare` computes it (:func:`numpyro_sgbd.convergence.summary`):
+for a model of up to 256 unconstrained coordinates the two agree exactly. A
+longer run is thinned further, evenly; the ESS of draws thinned to k rows is about
+``min(k, ESS of the chain)``, so a chain with fewer than :data:`MIN_ESS`
+effective draws still shows it, and the warning says the draws were thinned.
 Rank-based statistics do not change under monotone maps of a coordinate, so
 checking the unconstrained draws is checking the constrained ones.
 
@@ -41,7 +48,9 @@ __all__ = [
     "Trace",
 ]
 
-#: Sampling draws kept per chain for the check, at most.
+#: Sampling draws kept per chain for the check at :data:`TRACE_COORDS`
+#: coordinates: the record's size bound is ``TRACE_ROWS * TRACE_COORDS`` values
+#: per chain, which fewer coordinates spend on more rows.
 TRACE_ROWS = 1024
 #: Unconstrained coordinates checked, at most (evenly spaced over the flat z).
 TRACE_COORDS = 256
@@ -84,6 +93,9 @@ class TracePlan(NamedTuple):
     rows: int
     #: Flat indices of the checked coordinates.
     coords: tuple
+    #: The run's own thinning (``MCMC(thinning=...)``): it keeps one sample
+    #: in ``thinning``; ``every`` is a multiple of it.
+    thinning: int = 1
 
 
 def driving_mcmc(kernel):
@@ -104,17 +116,23 @@ def driving_mcmc(kernel):
 def plan(mcmc, dim):
     """The :class:`TracePlan` for a run of ``mcmc`` over ``dim`` coordinates, or
     ``None`` (no MCMC, or a run too short for the statistics)."""
-    if mcmc is None or dim == 0 or mcmc.num_samples < 4:
+    thinning = int(getattr(mcmc, "thinning", 1) or 1)
+    if mcmc is None or dim == 0 or mcmc.num_samples // thinning < 4:
         return None
     num_samples = int(mcmc.num_samples)
-    every = -(-num_samples // TRACE_ROWS)
     coords = np.unique(np.linspace(0, dim - 1, min(dim, TRACE_COORDS)).round())
+    # The kept draws (NumPyro keeps the last sample of each block of
+    # `thinning`, as `record` does), thinned further where they do not fit.
+    kept = num_samples // thinning
+    most = TRACE_ROWS * TRACE_COORDS // len(coords)
+    every = thinning * -(-kept // most)
     return TracePlan(
         num_samples,
         int(mcmc.num_chains),
         every,
         num_samples // every,
         tuple(int(j) for j in coords),
+        thinning,
     )
 
 
