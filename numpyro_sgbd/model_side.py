@@ -6,6 +6,8 @@ kernels (:class:`~numpyro_sgbd.kernel._SGKernel`), whose other half is the
 NumPyro protocol over the core's pure step.
 """
 
+import warnings
+
 import jax
 from jax import random
 import jax.numpy as jnp
@@ -31,12 +33,31 @@ from numpyro_sgbd.prepare import (
     check_init_params,
     initial_params,
     laplace_start,
+    model_rows,
     prepare,
 )
 from numpyro_sgbd.setup import Setup
 from numpyro_sgbd.state import SetupArrays
 
 __all__ = ["ModelSide"]
+
+
+def _fixed_rows(model, indices):
+    """``model`` with each plate named in ``indices`` given those rows. The
+    plate keeps its declared ``subsample_size`` (so that the package still sees
+    the model's subsample plates: :func:`~numpyro_sgbd.handlers.subsample_plates`),
+    and NumPyro's warning that it differs from the number of rows given is
+    silenced: there the difference is the point."""
+    fixed = handlers.substitute(model, data=indices)
+
+    def evaluated(*model_args, **model_kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", "subsample_size does not match len", UserWarning
+            )
+            return fixed(*model_args, **model_kwargs)
+
+    return evaluated
 
 
 class ModelSide:
@@ -117,19 +138,66 @@ class ModelSide:
 
     @property
     def model(self):
-        """The model with every subsample plate fixed to :attr:`log_likelihood_indices`.
+        """The model as ``az.from_numpyro`` (through
+        :func:`numpyro.infer.util.log_likelihood`) and
+        :class:`~numpyro.infer.Predictive` read it: every subsample plate fixed to
+        the rows :attr:`log_likelihood_indices` gives, each enumerated site summed
+        out datum by datum, each local site read from the draws' row.
 
-        ``az.from_numpyro`` uses it for ``observed_data`` and ``log_likelihood``,
-        which then hold the fixed evaluation rows (``log_likelihood_size`` of
-        them, by default the plate's ``subsample_size``), not all N. For
-        predictions over all rows use ``Predictive(full_batch(model), ...)``.
-        ``None`` for kernels built from ``potential_fn`` or ``gradient_fn``.
+        By default (``log_likelihood_size=None``) those are all N rows of a plate
+        of up to :data:`~numpyro_sgbd.prepare.LOG_LIKELIHOOD_ALL_ROWS` (50,000),
+        so ArviZ's ``log_likelihood`` and ``observed_data`` hold every row and
+        ``az.loo`` / ``az.waic`` estimate the elpd of all the data. ArviZ keeps 4
+        bytes per draw and row; above that size the rows are a fixed random
+        subset of that many, and reading this property warns (``az.loo`` then
+        estimates the elpd of the subset). ``log_likelihood_size`` sets the
+        number of rows (at least N: all of them); :func:`~numpyro_sgbd.from_numpyro`
+        evaluates every row in chunks. ``None`` for kernels built from
+        ``potential_fn`` or ``gradient_fn``.
         """
         if self._model is None or not self.log_likelihood_indices:
             return self._model
-        model = handlers.substitute(self._model, data=self.log_likelihood_indices)
+        note = self._subset_note()
+        if note:
+            warnings.warn(note, UserWarning, stacklevel=2)
+        return self._model_at(self.log_likelihood_indices)
+
+    def _subset_note(self):
+        """Why the default evaluation rows are a subset, or ``""``: a plate above
+        :data:`~numpyro_sgbd.prepare.LOG_LIKELIHOOD_ALL_ROWS` rows."""
+        if self._log_likelihood_size is not None:  # asked for: documented
+            return ""
+        short = {
+            name: (len(idx), self._plates[name][0])
+            for name, idx in self.log_likelihood_indices.items()
+            if len(idx) < self._plates[name][0]
+        }
+        if not short:
+            return ""
+        who = type(self).__name__
+        held = ", ".join(
+            f"{m:,} of the {n:,} rows of plate '{k}'" for k, (m, n) in short.items()
+        )
+        limit = max(m for m, _ in short.values())
+        size = max(n for _, n in short.values())
+        return (
+            f"{who}.model, which az.from_numpyro evaluates, holds the "
+            f"log-likelihood of {held} (a fixed random subset: every row only up "
+            f"to {limit:,} rows by default, as ArviZ keeps 4 bytes per draw and "
+            "row), so az.loo and az.waic estimate the elpd of those rows only. "
+            f"Pass log_likelihood_size={size} to {who} for every row, or use "
+            "numpyro_sgbd.from_numpyro(mcmc), which evaluates every row in chunks."
+        )
+
+    def _model_at(self, indices):
+        """The model with every subsample plate fixed to ``indices``, its local
+        sites read from draws of every row and its enumerated sites summed out
+        datum by datum (the model as written without subsample plates)."""
+        if not indices:
+            return self._model
+        model = _fixed_rows(self._model, indices)
         if self._local:  # draws hold every row of the local sites
-            model = gather_rows(model, self._local, self.log_likelihood_indices)
+            model = gather_rows(model, self._local, indices)
         if self._enumerate_dim is None:
             return model
         # Each datum's log-likelihood is its marginal over the enumerated sites.
@@ -170,6 +238,7 @@ class ModelSide:
         self._enumerate_dim, self._local = info.enumerate_dim, info.local
         self._setup, self._estimator = prepared.setup, prepared.estimator
         self.log_likelihood_indices = prepared.log_likelihood_indices
+        self._model_rows = model_rows(info.plates)
 
     def _setup_arrays(self):
         """The set-up the step reads, as the arrays a chain's state carries
@@ -228,10 +297,10 @@ class ModelSide:
         if init_params is not None:
             check_init_params(given, self._z_shapes)
             return rng_key, {**given, **local}
-        model = self.model
+        model = self._model_at(self._model_rows)
         if self._local:  # the global sites' start, given the local sites' rows
             one = jax.tree.map(lambda x: x[0], local) if batched else local
-            rows = gather_local(one, self._local, *self.log_likelihood_indices.values())
+            rows = gather_local(one, self._local, *self._model_rows.values())
             model = handlers.condition(model, constrained_local(rows, self._local))
         z = initial_params(
             self._programs["init_params"],
@@ -313,9 +382,11 @@ class ModelSide:
         model_kwargs = {} if model_kwargs is None else model_kwargs
         if self._plates is None:
             self._build(model_args, model_kwargs)
-        # (With enumerated sites `self.model` sums them out: none is drawn.)
-        drop, model = self._plate_deterministic, self.model
-        local, indices = self._local, self.log_likelihood_indices
+        # A minibatch's rows will do: only the global sites are kept. (With
+        # enumerated sites the model sums them out: none is drawn.)
+        indices = self._model_rows
+        drop, model = self._plate_deterministic, self._model_at(indices)
+        local = self._local
 
         # One compiled function, kept per argument structure: NumPyro's loop
         # first calls it eagerly (to size its buffers). Inside the loop it is

@@ -150,11 +150,12 @@ def kernel_options(
     preconditioner, adapt_mass_matrix = _preconditioner_options(
         model, step_size, preconditioner, adapt_mass_matrix, scale_bounded
     )
-    if log_likelihood_size is not None and (
-        not isinstance(log_likelihood_size, int) or log_likelihood_size < 1
-    ):
+    if log_likelihood_size is not None and not _positive_int(log_likelihood_size):
         raise ValueError(
-            f"log_likelihood_size must be a positive int, got {log_likelihood_size!r}."
+            "log_likelihood_size must be a positive int (the rows of each "
+            "subsample plate that the kernel's model, and so ArviZ's "
+            "log_likelihood, holds; at least N for every row) or None (every row "
+            f"up to 50,000), got {log_likelihood_size!r}."
         )
     gradient, recentre_every = _gradient_options(
         model, step_size, gradient, replace, centre, recentre_every

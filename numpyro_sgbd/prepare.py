@@ -41,6 +41,7 @@ from numpyro_sgbd.sharding import data_sharding
 from numpyro_sgbd.validation import check_plate_data
 
 __all__ = [
+    "LOG_LIKELIHOOD_ALL_ROWS",
     "ModelInfo",
     "Prepared",
     "Programs",
@@ -48,10 +49,12 @@ __all__ = [
     "build_estimator",
     "control_variates",
     "data_key",
+    "evaluation_indices",
     "find_setup",
     "has_tracer",
     "initial_params",
     "laplace_start",
+    "model_rows",
     "prepare",
     "trace_model",
 ]
@@ -221,20 +224,46 @@ def trace_model(model, model_args, model_kwargs):
     return ModelInfo(plates, shapes, deterministic, enumerate_dim, local)
 
 
-def evaluation_indices(plates, log_likelihood_size):
-    """The fixed rows of each subsample plate that ArviZ's ``log_likelihood``
-    and ``observed_data`` hold (``log_likelihood_size`` of them, by default the
-    plate's subsample size). Drawn by NumPy: a compiled draw was a compilation
-    of its own in every run."""
+#: Rows of a subsample plate up to which a kernel's :attr:`~numpyro_sgbd.SGBD.model`
+#: (and so ArviZ's ``log_likelihood``) holds every row by default: ArviZ keeps
+#: draws x rows log-densities, 4 bytes each (200 MB for 1,000 draws at this size).
+LOG_LIKELIHOOD_ALL_ROWS = 50_000
+
+
+def _draw_rows(plates, sizes):
+    """``{plate: sorted int32 indices}``: ``sizes[plate]`` rows of each plate,
+    all of them in order where that is its size, else drawn without replacement
+    by NumPy (seed 0, in the plates' order): a compiled draw was a compilation of
+    its own in every run."""
     rng = np.random.default_rng(0)
-    return {
-        name: jnp.asarray(
-            np.sort(
-                rng.choice(size, min(log_likelihood_size or n, size), replace=False)
-            ).astype(np.int32)
+    rows = {}
+    for name, (size, _, _) in plates.items():
+        m = min(sizes[name], size)
+        if m == size:
+            rows[name] = jnp.arange(size, dtype=jnp.int32)
+            continue
+        rows[name] = jnp.asarray(
+            np.sort(rng.choice(size, m, replace=False)).astype(np.int32)
         )
-        for name, (size, n, _) in plates.items()
-    }
+    return rows
+
+
+def evaluation_indices(plates, log_likelihood_size):
+    """The fixed rows of each subsample plate that a kernel's
+    :attr:`~numpyro_sgbd.SGBD.model` evaluates, and so ArviZ's
+    ``log_likelihood`` and ``observed_data`` hold: ``log_likelihood_size`` of
+    them (all, where it is at least the plate's size); by default (``None``)
+    every row of a plate of up to :data:`LOG_LIKELIHOOD_ALL_ROWS` rows, and that
+    many rows drawn at random from a larger one."""
+    size = log_likelihood_size or LOG_LIKELIHOOD_ALL_ROWS
+    return _draw_rows(plates, {name: size for name in plates})
+
+
+def model_rows(plates):
+    """The fixed rows (the plate's subsample size of them) on which a kernel
+    traces its model for the chains' start and the constrained values: only the
+    global sites are read there, so a minibatch's worth of rows will do."""
+    return _draw_rows(plates, {name: n for name, (_, n, _) in plates.items()})
 
 
 def build_estimator(
@@ -379,7 +408,8 @@ class Prepared(NamedTuple):
         deterministic sites inside a plate.
     :ivar Setup setup: the full-data mode, the preconditioner and the centre.
     :ivar estimator: the gradient estimator (:mod:`numpyro_sgbd.estimators`).
-    :ivar dict log_likelihood_indices: the fixed evaluation rows per plate.
+    :ivar dict log_likelihood_indices: the fixed evaluation rows per plate
+        (:func:`evaluation_indices`).
     """
 
     info: ModelInfo

@@ -118,7 +118,9 @@ def test_unsupported_models_and_arguments_are_clear_errors():
 def run():
     y = 1.0 + random.normal(random.key(5), (101,))
     mcmc = MCMC(
-        SGLD(gaussian_model, step_size=0.02, variant="corrected"),
+        SGLD(
+            gaussian_model, step_size=0.02, variant="corrected", log_likelihood_size=20
+        ),
         num_warmup=50,
         num_samples=60,
         num_chains=2,

@@ -136,7 +136,7 @@ def test_a_random_effect_per_row_matches_nuts_on_the_same_model():
     agree(ref, got, ("mu", "tau", "sigma"), 0.25)
     agree(*first, ("u",), 0.25)
     idata = az.from_numpyro(sg, log_likelihood=True)  # by default under ArviZ 0.x
-    assert idata.log_likelihood["y"].shape[-1] == 100
+    assert idata.log_likelihood["y"].shape[-1] == N  # every row (issue 58)
     more = {k: v[:10] for k, v in got.items()}
     pred = Predictive(full_batch(random_effects), more)(random.key(3), y)
     assert pred["y"].shape == (10, N, M)

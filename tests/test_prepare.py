@@ -60,7 +60,7 @@ def test_prepare_returns_one_record_and_reuses_its_setup(data, monkeypatch):
     assert isinstance(prepared.estimator, ControlVariateEstimator)
     assert prepared.setup.preconditioner is not None
     assert prepared.setup.centre is not None
-    assert prepared.log_likelihood_indices["N"].shape == (50,)
+    assert prepared.log_likelihood_indices["N"].shape == (500,)  # every row
     with pytest.raises(AttributeError):
         prepared.setup = Setup()  # a value, not a holder
     assert searches == [1]

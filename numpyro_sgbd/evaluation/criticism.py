@@ -2,16 +2,20 @@
 computed in chunks, and ArviZ data that carry it.
 
 ``az.from_numpyro(mcmc)`` on a stochastic-gradient run evaluates the log-likelihood
-through the kernel's :attr:`~numpyro_sgbd.SGBD.model`, on a fixed evaluation subset
-of ``log_likelihood_size`` rows, so ``az.loo`` and ``az.waic`` estimate the elpd of
-that subset. :func:`full_data_log_likelihood` evaluates every row under
-:class:`~numpyro_sgbd.full_batch`, a chunk of rows at a time, and
-:func:`from_numpyro` puts the result in the ``log_likelihood`` group, with
-attributes saying which rows it holds.
+through the kernel's :attr:`~numpyro_sgbd.SGBD.model`, whose subsample plates hold
+every row by default up to
+:data:`~numpyro_sgbd.prepare.LOG_LIKELIHOOD_ALL_ROWS` rows (a fixed random subset
+of that many above it, with a warning; ``log_likelihood_size`` sets the number),
+so ``az.loo`` and ``az.waic`` estimate the elpd of all the data, computed by NumPyro
+one draw at a time over all the rows. :func:`full_data_log_likelihood` evaluates
+every row under :class:`~numpyro_sgbd.full_batch`, a chunk of rows at a time (all
+draws of a chunk at once), and :func:`from_numpyro` puts the result in the
+``log_likelihood`` group, with attributes saying which rows it holds.
 """
 
 from functools import partial
 import math
+import warnings
 
 import arviz as az
 import jax
@@ -34,6 +38,10 @@ LOG_LIKELIHOOD_ROWS = ("all", "subset")
 
 # Default memory budget of one chunk, in data rows x draws (as full_batch_scores).
 _CHUNK_ELEMENTS = 4_000_000
+
+#: The start of the warning a kernel's ``model`` gives where its evaluation rows
+#: are a subset by default (:class:`~numpyro_sgbd.model_side.ModelSide`).
+_SUBSET_WARNING = r"\w+\.model, which az\.from_numpyro evaluates"
 
 
 def _check_chunk_size(chunk_size):
@@ -324,14 +332,18 @@ def from_numpyro(mcmc, *, log_likelihood="all", chunk_size=None, **kwargs):
     With ``log_likelihood="all"`` the group holds
     :func:`full_data_log_likelihood` of the run's draws: every row of the subsample
     plate (dimensions ``(chain, draw, <site>_dim_0)``, or the names ``dims=`` gives
-    the site), so ``az.loo`` and ``az.waic`` estimate the elpd of all N rows. With
-    ``"subset"`` it holds ArviZ's own group, over the kernel's fixed evaluation
-    subset of ``log_likelihood_size`` rows (see :attr:`~numpyro_sgbd.SGBD.model`).
-    Either way the group's attributes say which: ``log_likelihood_rows`` (``"all"``
-    or ``"subset"``) and, for a model with a subsample plate,
+    the site), so ``az.loo`` and ``az.waic`` estimate the elpd of all N rows
+    whatever N (the kernel's :attr:`~numpyro_sgbd.SGBD.model`'s subset warning
+    does not apply). With ``"subset"`` it holds ArviZ's own group, over the
+    kernel's fixed evaluation rows (see :attr:`~numpyro_sgbd.SGBD.model`: all N by
+    default up to :data:`~numpyro_sgbd.prepare.LOG_LIKELIHOOD_ALL_ROWS`, else
+    ``log_likelihood_size`` of them). Either way the group's attributes say which:
+    ``log_likelihood_rows`` (``"all"`` where it holds every row, else
+    ``"subset"``) and, for a model with a subsample plate,
     ``log_likelihood_plate`` (its name), ``log_likelihood_size`` (the rows held)
     and ``data_size`` (its N). The other groups are ArviZ's (``observed_data``
-    holds the evaluation subset). ``False`` gives no ``log_likelihood`` group.
+    holds the kernel's evaluation rows). ``False`` gives no ``log_likelihood``
+    group.
 
     :param mcmc: a :class:`~numpyro.infer.mcmc.MCMC` that has run, with a kernel
         built from a model.
@@ -370,48 +382,63 @@ def from_numpyro(mcmc, *, log_likelihood="all", chunk_size=None, **kwargs):
     """
     _check_log_likelihood(log_likelihood)
     _check_chunk_size(chunk_size)
-    model = mcmc.sampler.model
-    if model is None and log_likelihood is not False:
-        raise ValueError(
-            f"log_likelihood={log_likelihood!r} needs a kernel built from a model; "
-            "this one was built from potential_fn or gradient_fn. Pass "
-            "log_likelihood=False."
+    with warnings.catch_warnings():
+        if log_likelihood != "subset":  # every row, or none: no subset to warn of
+            warnings.filterwarnings("ignore", _SUBSET_WARNING, UserWarning)
+        model = mcmc.sampler.model
+        if model is None and log_likelihood is not False:
+            raise ValueError(
+                f"log_likelihood={log_likelihood!r} needs a kernel built from a "
+                "model; this one was built from potential_fn or gradient_fn. Pass "
+                "log_likelihood=False."
+            )
+        # ArviZ's subset group only where asked for (0.x builds one by default).
+        data = az.from_numpyro(
+            mcmc, log_likelihood=log_likelihood == "subset", **kwargs
         )
-    # ArviZ's subset group only where asked for (0.x builds one by default).
-    data = az.from_numpyro(mcmc, log_likelihood=log_likelihood == "subset", **kwargs)
     if log_likelihood is False:
         return data
     # The model's arguments as the run had them (az.from_numpyro reads them so too).
     model_args, model_kwargs = as_jax_arrays((mcmc._args, mcmc._kwargs))
     plates, _, _, _ = _layout(model, model_args, model_kwargs)
     if log_likelihood == "all":
-        values = full_data_log_likelihood(
-            model,
-            mcmc.get_samples(group_by_chain=True),
-            *model_args,
-            batch_ndims=2,
-            chunk_size=chunk_size,
-            **model_kwargs,
-        )
-        posterior = _arviz.group(data, "posterior")
-        dataset = _arviz.dict_to_dataset(
-            {name: np.asarray(v) for name, v in values.items()},
-            coords=kwargs.get("coords"),
-            dims=kwargs.get("dims"),
-            index_origin=kwargs.get("index_origin"),
-            library=numpyro,
-        ).assign_coords(chain=posterior["chain"], draw=posterior["draw"])
-        _arviz.set_group(data, "log_likelihood", dataset)
-    # Without a subsample plate ArviZ's group too holds every row.
-    attrs = {"log_likelihood_rows": log_likelihood if plates else "all"}
+        _set_every_row(data, mcmc, model, model_args, model_kwargs, chunk_size, kwargs)
+    # ArviZ's group holds the kernel's evaluation rows: every row by default up
+    # to a size, and without a subsample plate.
+    indices = getattr(mcmc.sampler, "log_likelihood_indices", None) or {}
+    held = {
+        plate: size if log_likelihood == "all" else len(indices.get(plate, ()))
+        for plate, size in plates.items()
+    }
+    rows = "all" if all(held[p] == size for p, size in plates.items()) else "subset"
+    attrs = {"log_likelihood_rows": rows}
     if len(plates) == 1:
         ((plate, size),) = plates.items()
         attrs.update(log_likelihood_plate=plate, data_size=size)
-        indices = getattr(mcmc.sampler, "log_likelihood_indices", None) or {}
-        if log_likelihood == "all":
-            attrs["log_likelihood_size"] = size
-        elif plate in indices:
-            attrs["log_likelihood_size"] = len(indices[plate])
+        if held[plate]:
+            attrs["log_likelihood_size"] = held[plate]
     if "log_likelihood" in _arviz.group_names(data):  # none without observations
         _arviz.group_attrs(data, "log_likelihood").update(attrs)
     return data
+
+
+def _set_every_row(data, mcmc, model, model_args, model_kwargs, chunk_size, kwargs):
+    """Put :func:`full_data_log_likelihood` of the run's draws in ``data`` as its
+    ``log_likelihood`` group, with ArviZ's dimension names and coordinates."""
+    values = full_data_log_likelihood(
+        model,
+        mcmc.get_samples(group_by_chain=True),
+        *model_args,
+        batch_ndims=2,
+        chunk_size=chunk_size,
+        **model_kwargs,
+    )
+    posterior = _arviz.group(data, "posterior")
+    dataset = _arviz.dict_to_dataset(
+        {name: np.asarray(v) for name, v in values.items()},
+        coords=kwargs.get("coords"),
+        dims=kwargs.get("dims"),
+        index_origin=kwargs.get("index_origin"),
+        library=numpyro,
+    ).assign_coords(chain=posterior["chain"], draw=posterior["draw"])
+    _arviz.set_group(data, "log_likelihood", dataset)

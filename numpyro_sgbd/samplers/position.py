@@ -88,9 +88,13 @@ class SGBD(_FamilyKernel):
         :math:`n \le N/100`, without otherwise
         (:func:`~numpyro_sgbd.estimators.resolve_replace`).
     :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
-    :param int log_likelihood_size: how many data points the ``model`` property (and
-        so ArviZ's ``log_likelihood`` and ``observed_data`` groups) evaluates;
-        default the subsample size.
+    :param int log_likelihood_size: how many rows of each subsample plate the
+        ``model`` property (and so ArviZ's ``log_likelihood`` and
+        ``observed_data`` groups, ``az.loo`` and ``az.waic``) evaluates: a fixed
+        random subset, or every row where it is at least the plate's size N.
+        Default ``None``: every row up to N = 50,000
+        (:data:`~numpyro_sgbd.prepare.LOG_LIKELIHOOD_ALL_ROWS`; ArviZ keeps 4
+        bytes per draw and row), that many rows above it, with a warning.
     :param str gradient: ``"minibatch"``, or ``"control_variates"``: the
         minibatch gradient around a centre :math:`\hat z`,
         :math:`\nabla U(\hat z) + \nabla\hat U_S(z) - \nabla\hat U_S(\hat z)`
