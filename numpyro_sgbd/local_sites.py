@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from numpyro.distributions.transforms import biject_to
 from numpyro.primitives import Messenger
 
+from numpyro_sgbd.enumeration import is_enumerated
 from numpyro_sgbd.estimators.compiled import as_jax_arrays
 from numpyro_sgbd.estimators.indices import gather_local
 from numpyro_sgbd.estimators.minibatch import datum_log_density
@@ -67,6 +68,7 @@ __all__ = [
     "global_sites",
     "initial_local",
     "local_site",
+    "local_sites_of",
     "local_update",
 ]
 
@@ -152,6 +154,27 @@ def local_site(name, site, frame, plates):
     shape = list(unconstrained.shape)
     shape[axis] = size
     return LocalSite(frame.name, int(axis), tuple(shape), support)
+
+
+def local_sites_of(trace, plates, check=True):
+    """``{name: LocalSite}`` of the continuous latent sites of ``trace`` (traced
+    with its subsample plates at n prototype indices) inside its one subsample
+    plate (``plates``: ``{name: (size, n)}``); empty where it has none or
+    several plates (where the full data are evaluated in one pass). Enumerated
+    discrete sites are summed out, not held. A ValueError from
+    :func:`local_site` where a site cannot be held row by row; with
+    ``check=False``, ``{name: None}`` (their names only)."""
+    if len(plates) != 1:
+        return {}
+    (plate,) = plates
+    found = {}
+    for name, site in trace.items():
+        if site["type"] != "sample" or site["is_observed"] or is_enumerated(site):
+            continue
+        frame = next((f for f in site["cond_indep_stack"] if f.name == plate), None)
+        if frame is not None:
+            found[name] = local_site(name, site, frame, plates) if check else None
+    return found
 
 
 def global_sites(z, names=()):

@@ -44,6 +44,7 @@ from numpyro_sgbd.handlers import (
     subsample_plates,
 )
 from numpyro_sgbd.hessian import hessian_rows, symmetric
+from numpyro_sgbd.local_sites import local_sites_of
 from numpyro_sgbd.mode_search import (
     CLOSE,  # noqa: F401 (public here as before the search moved)
     MAX_SECONDS,
@@ -82,6 +83,9 @@ class Objective(NamedTuple):
     #: ``(x, V) -> (U(x), grad U(x), H(x) V^T rows)`` in one pass, the program
     #: ``hvp`` runs (``None``: the search calls ``value_and_grad`` and ``hvp``).
     value_grad_hvp: Callable = None
+    #: The latent sites inside the subsample plate (local sites, one value per
+    #: row: :mod:`~numpyro_sgbd.local_sites`), whose N rows x holds.
+    local: tuple = ()
 
 
 def _subsample_plates(model, model_args, model_kwargs):
@@ -92,19 +96,66 @@ def _subsample_plates(model, model_args, model_kwargs):
 
 
 def _model_facts(model, model_args, model_kwargs):
-    """``(plates, enumerate_dim)``: :func:`_subsample_plates`' plates, and the
-    first enumeration dimension where the model has discrete sites to sum out
-    (checked: :func:`~numpyro_sgbd.enumeration.check_enumerated`), else
-    ``None``."""
+    """``(plates, enumerate_dim, local)``: :func:`_subsample_plates`' plates,
+    the first enumeration dimension where the model has discrete sites to sum
+    out (checked: :func:`~numpyro_sgbd.enumeration.check_enumerated`), else
+    ``None``, and the ``{name: LocalSite}`` of its latent sites inside its one
+    subsample plate (:func:`~numpyro_sgbd.local_sites.local_sites_of`; ``None``
+    where one cannot be held row by row, and the data are then evaluated in one
+    pass)."""
     found = {}
 
     def trace():  # only static facts leave
         traced = sample_trace(SubsamplePlates(model), model_args, model_kwargs)
         plates = subsample_plates(traced)
         found["plates"], found["dim"] = plates, enumeration_dim(traced, plates)
+        try:
+            found["local"] = local_sites_of(traced, plates)
+        except ValueError:  # e.g. a support whose bounds depend on other sites
+            found["local"] = None
 
     jax.eval_shape(trace)
-    return found["plates"], found["dim"]
+    return found["plates"], found["dim"], found["local"]
+
+
+def model_local_sites(model, model_args=(), model_kwargs=None):
+    """The names, sorted, of ``model``'s latent sites inside its one subsample
+    plate (local sites: :func:`~numpyro_sgbd.local_sites.local_sites_of`), from
+    an abstract trace; ``()`` where it has none or several plates."""
+    model_kwargs = {} if model_kwargs is None else model_kwargs
+    model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
+    found = {}
+
+    def trace():  # only names leave
+        traced = sample_trace(SubsamplePlates(model), model_args, model_kwargs)
+        plates = subsample_plates(traced)
+        found["names"] = local_sites_of(traced, plates, check=False)
+
+    jax.eval_shape(trace)
+    return tuple(sorted(found["names"]))
+
+
+#: The start of a reference's ``laplace_reason`` where ``laplace="auto"`` kept
+#: plain NUTS, by choice, on a model with local sites.
+LOCAL_SITES_REASON = "plain NUTS: the model has latent sites inside its subsample plate"
+
+
+def local_sites_reason(model, model_args=(), model_kwargs=None):
+    """Why ``reference_posterior(laplace="auto")`` keeps plain NUTS on ``model``
+    (starting with :data:`LOCAL_SITES_REASON`), where it has local sites: the
+    Laplace approximation at the joint mode of per-row latents and the sites
+    that scale them is degenerate or far from the bulk (Gelman et al. 2013,
+    *Bayesian Data Analysis*, 3rd ed., Chapter 13); ``None`` without."""
+    local = model_local_sites(model, model_args, model_kwargs)
+    if not local:
+        return None
+    quoted = ", ".join(f"'{k}'" for k in local)
+    return (
+        f"{LOCAL_SITES_REASON} ({quoted}): the Laplace approximation at the joint "
+        "mode of per-row latents and the sites that scale them does not describe "
+        "their posterior (that mode is degenerate, a funnel's neck, or far from "
+        "the bulk), so no whitening; laplace=True whitens at it"
+    )
 
 
 def full_data_objective(
@@ -129,9 +180,9 @@ def full_data_objective(
     model_kwargs = {} if model_kwargs is None else model_kwargs
     model_args, model_kwargs = as_jax_arrays((model_args, model_kwargs))
     arrays, rebuild, key = split_arrays((model_args, model_kwargs))
-    plates, enumerate_dim = _model_facts(model, model_args, model_kwargs)
+    plates, enumerate_dim, local = _model_facts(model, model_args, model_kwargs)
     sharding = None
-    if len(plates) == 1:
+    if len(plates) == 1 and local is not None:
         ((name, (size, n)),) = plates.items()
         sharding = data_sharding({name: (size, n, None)}, model_args, model_kwargs)
     if sharding is not None:
@@ -140,7 +191,7 @@ def full_data_objective(
     def build():
         return _objective_programs(
             model,
-            (plates, sharding, enumerate_dim),
+            (plates, sharding, enumerate_dim, local),
             model_args,
             model_kwargs,
             rebuild,
@@ -161,6 +212,7 @@ def full_data_objective(
         lambda x, vectors: value_grad_hvp(x, vectors, arrays)[2],
         num_data,
         lambda x, vectors: value_grad_hvp(x, vectors, arrays),
+        tuple(sorted(local or ())),
     )
 
 
@@ -196,8 +248,8 @@ def _objective_programs(model, facts, model_args, model_kwargs, rebuild, chunk_s
     :func:`full_data_objective`: compiled functions whose last argument is the
     array leaves of the model's arguments, so that they serve any data of the
     same structure. ``facts``: the subsample plates, the data's sharding and
-    the first enumeration dimension (:func:`_model_facts`)."""
-    plates, sharding, enumerate_dim = facts
+    the first enumeration dimension and the local sites (:func:`_model_facts`)."""
+    plates, sharding, enumerate_dim, local = facts
     widened = full_batch(model)
     start = median_start_program(widened, rebuild)
     shapes = jax.eval_shape(
@@ -205,13 +257,14 @@ def _objective_programs(model, facts, model_args, model_kwargs, rebuild, chunk_s
     )
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     unravel = ravel_pytree(zeros)[1]
-    if len(plates) == 1:
+    if len(plates) == 1 and local is not None:
         ((name, (size, n)),) = plates.items()
         estimator = MinibatchEstimator(
             model,
             {name: (size, n, None)},
             sharding=sharding,
             enumerate_dim=enumerate_dim,
+            local=local,
         )
         run, _ = estimator.full_data_parts(model_args, model_kwargs, chunk_size)
 
@@ -322,6 +375,27 @@ def check_mode(info, unravel, what, fix, stacklevel=3):
         )
 
 
+def local_sites_hint(names):
+    """What to tell a user whose mode search failed on a model with the local
+    sites ``names`` (empty: nothing): the joint mode of per-row latents under a
+    scale parameter is degenerate (Gelman et al. 2013, *Bayesian Data
+    Analysis*, 3rd ed., Chapter 13), and the non-centred form has one."""
+    if not names:
+        return ""
+    quoted = ", ".join(f"'{k}'" for k in names)
+    first = names[0]
+    return (
+        f"The site(s) {quoted} are per-row latents inside the subsample plate: "
+        "where a parameter scales them (a random effect eps_i ~ N(0, s)), the "
+        "joint density grows without bound as the scale and the effects shrink "
+        "together (a funnel), so no joint mode exists. Write them non-centred "
+        "(numpyro.handlers.reparam(model, config={"
+        f"'{first}': LocScaleReparam(0)}}) from numpyro.infer.reparam), whose "
+        "joint mode exists; the kernels need no mode (give step_size=, or "
+        "init_params from a short SGBD run). "
+    )
+
+
 class PosteriorMode(NamedTuple):
     """Result of :func:`posterior_mode`."""
 
@@ -401,7 +475,8 @@ def posterior_mode(
         info,
         objective.unravel,
         "posterior_mode",
-        "Raise max_iter or max_seconds, check the model's priors (an improper "
+        local_sites_hint(objective.local)
+        + "Raise max_iter or max_seconds, check the model's priors (an improper "
         "posterior has no mode), or enable float64 "
         "(jax.config.update('jax_enable_x64', True)).",
     )

@@ -13,6 +13,12 @@ from numpyro.infer.util import _unconstrain_reparam, log_density
 from numpyro_sgbd.enumeration import enumerated_log_joint
 from numpyro_sgbd.estimators.base import Estimator, GradientEstimate
 from numpyro_sgbd.estimators.compiled import as_jax_arrays, split_arrays
+from numpyro_sgbd.estimators.full_data import (
+    chunked_full_data,
+    shard_sites,
+    sharded_local_run,
+    split_local,
+)
 from numpyro_sgbd.estimators.indices import (
     draw_indices,
     gather_local,
@@ -139,6 +145,7 @@ class MinibatchEstimator(Estimator):
                 pullback=pullback,
                 noise_rows=noise_rows,
                 enumerate_dim=enumerate_dim,
+                local=shard_sites(self.local, sharding.local_size),
             )
 
     #: Per-datum gradients are formed in chunks of at most this many floats
@@ -242,7 +249,7 @@ class MinibatchEstimator(Estimator):
         the pullback: the per-datum gradients at once (a Jacobian or vmapped
         one-datum potentials, as ``per_datum`` says), or a chunk at a time where
         n x d floats pass the row budget and the noise needs only variances."""
-        z, local = _split_local(z, self.local)
+        z, local = split_local(z, self.local)
         terms = partial(
             self._terms, model_args=model_args, model_kwargs=model_kwargs, local=local
         )
@@ -324,6 +331,8 @@ class MinibatchEstimator(Estimator):
             local_run, arrays = self.shard.full_data_parts(
                 model_args, model_kwargs, chunk_size
             )
+            if self.local:
+                return sharded_local_run(local_run, self.sharding, self.local), arrays
             axis = self.sharding.axis
 
             def on_shard(z, arrays):
@@ -332,8 +341,14 @@ class MinibatchEstimator(Estimator):
             return jax.jit(self.sharding.map(on_shard)), arrays
         arrays, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
         ((name, (size, _, _)),) = self.plates.items()
-        run = _chunked_full_data(
-            self._terms, name, size, rebuild, chunk_size, lambda g: pulled(self, g)[0]
+        run = chunked_full_data(
+            self._terms,
+            name,
+            size,
+            rebuild,
+            chunk_size,
+            lambda g: pulled(self, g)[0],
+            self.local,
         )
         return run, arrays
 
@@ -361,13 +376,6 @@ def pulled(est, grad, per_datum_grads=None):
         rows = noise_subset(per_datum_grads, some, est.plates, est.replace)
         per_datum_grads = pulled_rows(est.pullback, rows)
     return grad, per_datum_grads
-
-
-def _split_local(z, sites):
-    """``(z without its local sites, their N rows)``; ``(z, None)`` without."""
-    if not sites:
-        return z, None
-    return {k: v for k, v in z.items() if k not in sites}, {k: z[k] for k in sites}
 
 
 def _evaluate_on(est, indices, z, model_args, model_kwargs):
@@ -542,43 +550,3 @@ def _plate_terms(trace, name, n):
         lp = jnp.moveaxis(lp, axis, 0).reshape(n, -1).sum(-1)
         per_datum = per_datum + lp
     return per_datum
-
-
-def _chunked_full_data(terms, name, size, rebuild, chunk_size, pull):
-    """:meth:`MinibatchEstimator.full_data_parts`' ``run`` on one device: the
-    full-data potential and its gradient as a scan over chunks of ``chunk_size``
-    rows of the plate ``name`` (``size`` rows; the last chunk padded and masked),
-    from ``terms`` (:meth:`MinibatchEstimator._terms`), the gradient passed
-    through ``pull``."""
-    c = int(min(chunk_size, size))
-    num_chunks = -(-size // c)
-
-    def parts(z, start, model_args, model_kwargs):
-        idx = start + jnp.arange(c)
-        mask = idx < size
-        idx = jnp.minimum(idx, size - 1)  # the last chunk is padded
-        value, h = terms(z, {name: idx}, model_args, model_kwargs, with_terms=True)
-        # h_i = (N / c) log p(y_i | z): the prior, Jacobian and any data outside
-        # the plate are value + sum(h); the chunk's log-likelihood sum(h) c / N.
-        rest = value + jnp.sum(h)
-        loglik = jnp.sum(jnp.where(mask, h, 0.0)) * (c / size)
-        return rest, loglik
-
-    @jax.jit
-    def run(z, arrays):
-        args = rebuild(arrays)
-        rest_and_grad = jax.value_and_grad(lambda z: parts(z, 0, *args)[0])
-        loglik_and_grad = jax.value_and_grad(lambda z, start: parts(z, start, *args)[1])
-
-        def body(carry, start):
-            value, grad = loglik_and_grad(z, start)
-            return jax.tree.map(jnp.add, carry, (value, grad)), None
-
-        zero = (jnp.zeros(()), jax.tree.map(jnp.zeros_like, z))
-        starts = jnp.arange(num_chunks) * c
-        (loglik, loglik_grad), _ = jax.lax.scan(body, zero, starts)
-        rest, rest_grad = rest_and_grad(z)
-        grad = jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
-        return rest - loglik, pull(grad)
-
-    return run

@@ -17,7 +17,13 @@ from numpyro.infer.util import constrain_fn
 
 from numpyro_sgbd.enumeration import potential_energy, valued
 from numpyro_sgbd.estimators import split_arrays
-from numpyro_sgbd.modes import check_mode, find_mode, full_data_objective, mode_hessian
+from numpyro_sgbd.modes import (
+    check_mode,
+    find_mode,
+    full_data_objective,
+    local_sites_reason,
+    mode_hessian,
+)
 from numpyro_sgbd.preconditioning import Preconditioner, diagonal, lowrank
 
 __all__ = [
@@ -218,6 +224,10 @@ def _laplace_choice(model, model_args, model_kwargs, rng_key, laplace, num_warmu
     unflattening. ``laplace=True`` raises where ``"auto"`` falls back: only where
     the mode search failed or the Hessian's diagonal is not positive (no map)."""
     what = f"reference_posterior(laplace={laplace!r})"
+    if laplace == "auto":  # local sites: plain NUTS by choice (no search)
+        reason = local_sites_reason(model, model_args, model_kwargs)
+        if reason is not None:
+            return None, "none", reason, None
     objective = full_data_objective(model, model_args, model_kwargs, rng_key=rng_key)
     try:
         whitening, form, sds, label, condition, note = _laplace_map(objective, what)

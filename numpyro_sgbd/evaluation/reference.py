@@ -33,7 +33,7 @@ from numpyro_sgbd.evaluation.laplace import (
 )
 from numpyro_sgbd.evaluation.scores import _model_sites, full_batch_scores
 from numpyro_sgbd.handlers import full_batch
-from numpyro_sgbd.modes import PosteriorMode, posterior_mode
+from numpyro_sgbd.modes import LOCAL_SITES_REASON, PosteriorMode, posterior_mode
 from numpyro_sgbd.validation import check_plate_data
 
 __all__ = [
@@ -94,7 +94,8 @@ def _log_laplace(laplace, form, reason):
     """Log what ``laplace`` chose and why: at WARNING where ``"auto"`` fell
     back to plain NUTS after a failure, at INFO otherwise."""
     fallback = laplace == "auto" and form == "none"
-    fallback = fallback and not reason.startswith(_WELL_CONDITIONED)
+    chosen = (_WELL_CONDITIONED, LOCAL_SITES_REASON)  # by choice, not a failure
+    fallback = fallback and not reason.startswith(chosen)
     log = _log.warning if fallback else _log.info
     log("reference_posterior(laplace=%r): %s", laplace, reason)
 
@@ -483,6 +484,12 @@ def _scale_tips(attrs, form, setting, reason):
         tips.append(
             "laplace='auto' (the default) or laplace=True, NUTS in coordinates "
             "whitened by the Laplace covariance at the mode"
+        )
+    elif form == "none" and reason.startswith(LOCAL_SITES_REASON):
+        tips.append(
+            "the local sites non-centred (numpyro.handlers.reparam with "
+            "numpyro.infer.reparam.LocScaleReparam(0)), where a scale parameter "
+            "makes a funnel of them"
         )
     elif form == "none" and reason.startswith(_WELL_CONDITIONED):
         tips.append(
