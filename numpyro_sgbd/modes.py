@@ -336,6 +336,12 @@ def _site_of(index, unravel, d):
     return f"coordinate {index}"
 
 
+def _figure(value, spec, otherwise, prefix=""):
+    """``value`` formatted by ``spec`` after ``prefix``, or the words
+    ``otherwise`` where it is not finite: no message says "inf" or "nan"."""
+    return prefix + format(value, spec) if np.isfinite(value) else otherwise
+
+
 def check_mode(info, unravel, what, fix, stacklevel=3):
     """Raise or warn as ``info`` from :func:`find_mode` says: a ValueError when the
     search diverged, stopped a posterior sd or more from a mode, or ended where the
@@ -344,9 +350,11 @@ def check_mode(info, unravel, what, fix, stacklevel=3):
     diag = info["hessian_diag"]
     d = diag.shape[0]
     numbers = (
-        f"{info['iterations']} Newton-CG steps, U = {info['potential']:.8g}, "
-        f"g'H^-1g = {info['newton_decrement']:.3g}, largest gradient in curvature "
-        f"units {info['max_scaled_grad']:.3g} at "
+        f"{info['iterations']} Newton-CG steps, "
+        f"U = {_figure(info['potential'], '.8g', 'not finite')}, g'H^-1g = "
+        f"{_figure(info['newton_decrement'], '.3g', 'not finite')}, largest "
+        "gradient in curvature units "
+        f"{_figure(info['max_scaled_grad'], '.3g', 'unbounded (no curvature)')} at "
         f"{_site_of(info['worst'], unravel, d) if d else '-'}"
     )
     if not (np.isfinite(info["potential"]) and np.isfinite(info["newton_decrement"])):
@@ -363,8 +371,9 @@ def check_mode(info, unravel, what, fix, stacklevel=3):
         )
     if info["distance"] >= 1:
         raise ValueError(
-            f"{what}: the search stopped ({info['stop']}) about "
-            f"{info['distance']:.3g} posterior sds from a mode ({numbers}). {fix}"
+            f"{what}: the search stopped ({info['stop']}) "
+            f"{_figure(info['distance'], '.3g', 'an unbounded number of', 'about ')} "
+            f"posterior sds from a mode ({numbers}). {fix}"
         )
     if not info["converged"]:
         warnings.warn(

@@ -2,6 +2,7 @@
 Laplace reference (numpyro_sgbd.modes)."""
 
 import logging
+import re
 
 import jax
 from jax import random
@@ -150,8 +151,12 @@ def _ridge_model(X, y):
 
 
 def test_no_mode_is_an_error_naming_the_site():
-    with pytest.raises(ValueError, match="posterior_mode: .*improper .* at mu"):
+    with pytest.raises(ValueError, match="posterior_mode: .*improper .* at mu") as e:
         posterior_mode(_flat_prior_model, jnp.zeros(50))
+    # Zero curvature makes the scaled gradient infinite: said in words (issue 58).
+    message = str(e.value)
+    assert "unbounded" in message or "not finite" in message, message
+    assert not re.search(r"\b(inf|nan)\b", message), message
 
 
 def test_stopping_early_warns_or_raises_with_the_numbers():
