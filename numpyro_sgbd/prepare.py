@@ -240,7 +240,7 @@ def _draw_rows(plates, sizes):
     for name, (size, _, _) in plates.items():
         m = min(sizes[name], size)
         if m == size:
-            rows[name] = jnp.arange(size, dtype=jnp.int32)
+            rows[name] = jnp.asarray(np.arange(size, dtype=np.int32))
             continue
         rows[name] = jnp.asarray(
             np.sort(rng.choice(size, m, replace=False)).astype(np.int32)
