@@ -29,7 +29,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["ConvergenceSummary", "Worst", "ess_bulk", "ess_tail", "rhat", "summary"]
+__all__ = [
+    "ConvergenceSummary",
+    "Worst",
+    "ess_bulk",
+    "ess_tail",
+    "rhat",
+    "rhat_text",
+    "summary",
+]
 
 #: Blom's offset in the normal scores (rank - 3/8) / (S - 3/4 + 1) (Reference 3).
 _BLOM = 3.0 / 8.0
@@ -39,6 +47,21 @@ _TAIL_PROBS = (0.05, 0.95)
 _MIN_DRAWS = 4
 #: Work on blocks of about this many values, so the FFT buffers stay in cache.
 _BLOCK_VALUES = 1 << 21
+
+
+def rhat_text(value):
+    """An R-hat as a message prints it: four decimals below 2, so that a value
+    just over a threshold of 1.01 does not read as 1.01 (``1.0101``), three
+    significant figures above; words where it is not finite (too few draws).
+
+    >>> rhat_text(1.0101), rhat_text(1.53), rhat_text(12.345)
+    ('1.0101', '1.5300', '12.3')
+    >>> rhat_text(float("nan"))
+    'not computed'
+    """
+    if not np.isfinite(value):
+        return "not computed"
+    return f"{value:.4f}" if value < 2 else f"{value:.3g}"
 
 
 class Worst(NamedTuple):

@@ -180,7 +180,8 @@ def _reference_check(reference, flat):
     ess_min = ESS_PER_CHAIN_MIN * chains
     trusted = bool(max_rhat < RHAT_MAX and min_ess >= ess_min)
     figures = (
-        f"max R-hat {max_rhat:.3g} (needs < {RHAT_MAX}), min bulk ESS {min_ess:.0f} "
+        f"max R-hat {convergence.rhat_text(max_rhat)} (needs < {RHAT_MAX}), "
+        f"min bulk ESS {min_ess:.0f} "
         f"(needs >= {ess_min}) over {chains} chain(s) of {draws} draws"
     )
     return trusted, figures

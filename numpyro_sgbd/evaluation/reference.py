@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import MCMC, NUTS, init_to_median
 
+from numpyro_sgbd.convergence import rhat_text
 from numpyro_sgbd.enumeration import require_funsor
 from numpyro_sgbd.estimators import as_jax_arrays
 from numpyro_sgbd.evaluation import _arviz
@@ -429,7 +430,7 @@ def _report(attrs, strict, loaded_from=None):
     if chains < 2:
         problems.append("one chain only, so R-hat cannot be checked (num_chains=2+)")
     elif not attrs["max_rhat"] < RHAT_MAX:
-        problems.append(f"max R-hat {attrs['max_rhat']:.3f} >= {RHAT_MAX}")
+        problems.append(f"max R-hat {rhat_text(attrs['max_rhat'])} >= {RHAT_MAX}")
     for kind in ("bulk", "tail"):
         ess = attrs[f"min_ess_{kind}"]
         if not ess >= ESS_PER_CHAIN_MIN * chains:
@@ -525,10 +526,10 @@ def _advice(attrs):
     if not tips:  # slow mixing only: longer adaptation and more draws
         warmup = int(attrs.get("num_warmup", settings.get("num_warmup", 1000)))
         figures = [
-            f"{name} {attrs[key]:{spec}}"
-            for name, key, spec in (
-                ("R-hat", "max_rhat", ".3g"),
-                ("bulk ESS", "min_ess_bulk", ".0f"),
+            f"{name} {text(attrs[key])}"
+            for name, key, text in (
+                ("R-hat", "max_rhat", rhat_text),
+                ("bulk ESS", "min_ess_bulk", lambda x: f"{x:.0f}"),
             )
             if np.isfinite(attrs[key])
         ]

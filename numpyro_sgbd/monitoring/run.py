@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sgbd import advice
+from numpyro_sgbd.convergence import rhat_text
 from numpyro_sgbd.monitoring.notes import call_host, clock_due, flat_name
 from numpyro_sgbd.monitoring.switch import enabled
 from numpyro_sgbd.monitoring.trace import (
@@ -146,7 +147,7 @@ def _on_run_end(kernel, rows):
     rhat = found["max_rhat"] if found["rhat_checked"] else 1.0
     if rhat > MAX_RHAT:
         parts.append(
-            f"an R-hat of {found['max_rhat']:.3g} at "
+            f"an R-hat of {rhat_text(found['max_rhat'])} at "
             f"{flat_name(shapes, found['worst_rhat'])}"
         )
     remedies = advice.convergence_remedies(
