@@ -254,8 +254,8 @@ def test_the_budget_is_wall_time_from_the_call_to_the_result(y):
     scoring (two groups, 2-5 s to make and compile each on two cores; 12.9 s in
     all under the two-worker suite on a slow machine, where a 12 s budget was
     rightly refused): the call returns within 1.25 x the budget, and
-    ``seconds["total"]`` is the same wall time. Sampling gets what the fixed
-    costs leave.
+    ``seconds["total"]`` is the same wall time, of which set-up, compiling,
+    sampling and scoring are disjoint parts.
 
     Injected bug: starting the deadline after compiling (the old accounting, the
     budget charged to sampling alone) returned after 20 s of a 12 s budget, and
@@ -276,8 +276,11 @@ def test_the_budget_is_wall_time_from_the_call_to_the_result(y):
     assert wall <= 1.25 * budget
     assert result.seconds["total"] <= wall
     assert result.budget == budget
-    fixed = result.seconds["setup"] + result.seconds["compile"]
-    assert result.seconds["sampling"] <= budget - fixed
+    # The phases are disjoint parts of that wall time. (Sampling can overrun
+    # the share the deadline gave it by what the machine's load adds to a
+    # round's predicted time, 0.16 s in one CI run: not asserted.)
+    phases = ("setup", "compile", "sampling", "scoring")
+    assert sum(result.seconds[k] for k in phases) <= result.seconds["total"]
     assert result.seconds["sampling"] > 0
 
 
