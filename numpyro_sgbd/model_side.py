@@ -29,6 +29,7 @@ from numpyro_sgbd.local_sites import (
 )
 from numpyro_sgbd.prepare import (
     CentreRequest,
+    LogLikelihoodSubsetWarning,
     Request,
     check_init_params,
     initial_params,
@@ -159,7 +160,7 @@ class ModelSide:
             return self._model
         note = self._subset_note()
         if note:
-            warnings.warn(note, UserWarning, stacklevel=2)
+            warnings.warn(note, LogLikelihoodSubsetWarning, stacklevel=2)
         return self._model_at(self.log_likelihood_indices)
 
     def _subset_note(self):

@@ -42,6 +42,7 @@ from numpyro_sgbd.validation import check_plate_data
 
 __all__ = [
     "LOG_LIKELIHOOD_ALL_ROWS",
+    "LogLikelihoodSubsetWarning",
     "ModelInfo",
     "Prepared",
     "Programs",
@@ -228,6 +229,12 @@ def trace_model(model, model_args, model_kwargs):
 #: (and so ArviZ's ``log_likelihood``) holds every row by default: ArviZ keeps
 #: draws x rows log-densities, 4 bytes each (200 MB for 1,000 draws at this size).
 LOG_LIKELIHOOD_ALL_ROWS = 50_000
+
+
+class LogLikelihoodSubsetWarning(UserWarning):
+    """A kernel's :attr:`~numpyro_sgbd.SGBD.model` holds a subset of a plate's
+    rows by default (a plate above :data:`LOG_LIKELIHOOD_ALL_ROWS` rows), so
+    ``az.loo`` and ``az.waic`` on ``az.from_numpyro`` cover only those rows."""
 
 
 def _draw_rows(plates, sizes):

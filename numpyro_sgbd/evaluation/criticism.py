@@ -29,6 +29,7 @@ from numpyro.infer import init_to_sample
 from numpyro_sgbd.estimators import as_jax_arrays, split_arrays
 from numpyro_sgbd.evaluation import _arviz
 from numpyro_sgbd.handlers import fix_plates, full_batch, subsample_plates
+from numpyro_sgbd.prepare import LogLikelihoodSubsetWarning
 
 __all__ = ["LOG_LIKELIHOOD_ROWS", "from_numpyro", "full_data_log_likelihood"]
 
@@ -38,10 +39,6 @@ LOG_LIKELIHOOD_ROWS = ("all", "subset")
 
 # Default memory budget of one chunk, in data rows x draws (as full_batch_scores).
 _CHUNK_ELEMENTS = 4_000_000
-
-#: The start of the warning a kernel's ``model`` gives where its evaluation rows
-#: are a subset by default (:class:`~numpyro_sgbd.model_side.ModelSide`).
-_SUBSET_WARNING = r"\w+\.model, which az\.from_numpyro evaluates"
 
 
 def _check_chunk_size(chunk_size):
@@ -384,7 +381,7 @@ def from_numpyro(mcmc, *, log_likelihood="all", chunk_size=None, **kwargs):
     _check_chunk_size(chunk_size)
     with warnings.catch_warnings():
         if log_likelihood != "subset":  # every row, or none: no subset to warn of
-            warnings.filterwarnings("ignore", _SUBSET_WARNING, UserWarning)
+            warnings.simplefilter("ignore", LogLikelihoodSubsetWarning)
         model = mcmc.sampler.model
         if model is None and log_likelihood is not False:
             raise ValueError(
