@@ -243,19 +243,32 @@ class _Closeness(NamedTuple):
     distance: float
 
 
-def _start(passes, what):
-    """The search at ``init_to_median``'s point, scaled by the curvature there;
-    raises where the potential or its gradient is not finite there."""
+def _finite(value, grad):
+    return bool(np.isfinite(value) and np.all(np.isfinite(grad)))
+
+
+def _start(passes, what, last_mode=None):
+    """The search at its start, scaled by the curvature there: ``last_mode``
+    where the potential is finite and lower there than at ``init_to_median``'s
+    point (or where that point's is not finite), else that point; raises where
+    the potential or its gradient is finite at none of them."""
     objective = passes.objective
+    last = None
+    if last_mode is not None:
+        # Evaluated by the search's own program (no other is compiled for it).
+        x = np.asarray(last_mode, np.float64)
+        last = (x, *passes.evaluate(x))
+        if not _finite(*last[1:]):
+            last = None
     x = np.asarray(objective.x0, np.float64)
     value, grad = passes.evaluate(x)
-    if not (np.isfinite(value) and np.all(np.isfinite(grad))):
+    if not _finite(value, grad):
         # As NumPyro's initialisation retries: the origin of the unconstrained
         # space keeps a GLM's linear predictor at 0 where the prior's median
         # draws on raw covariates make a rate underflow (a NaN gradient).
         origin = np.zeros_like(x)
         at_origin = passes.evaluate(origin)
-        if not (np.isfinite(at_origin[0]) and np.all(np.isfinite(at_origin[1]))):
+        if not (_finite(*at_origin) or last is not None):
             bad = int(np.sum(~np.isfinite(grad)))
             raise ValueError(
                 f"{what}: the potential or its gradient is not finite at the "
@@ -265,12 +278,16 @@ def _start(passes, what):
                 "that underflows for large covariates gives a NaN gradient: "
                 "standardise the covariates)."
             )
-        _log.info(
-            "%s: the gradient is not finite at init_to_median's point; the "
-            "search starts at the origin of the unconstrained space.",
-            what,
-        )
-        x, (value, grad) = origin, at_origin
+        if _finite(*at_origin):
+            _log.info(
+                "%s: the gradient is not finite at init_to_median's point; the "
+                "search starts at the origin of the unconstrained space.",
+                what,
+            )
+            x, (value, grad) = origin, at_origin
+    if last is not None and not (_finite(value, grad) and value <= last[1]):
+        _log.info("%s: the search starts at the last mode found.", what)
+        x, value, grad = last
     rows = f", N = {objective.num_data}" if objective.num_data else ""
     message = "%s: damped Newton-CG on the full-data potential, d = %d%s"
     _log.info(message, what, passes.d, rows)
@@ -492,9 +509,11 @@ def find_mode(
     tol=TOLERANCE,
     max_seconds=MAX_SECONDS,
     what="mode",
+    last_mode=None,
 ):
-    """Minimise ``objective``'s potential from its start by damped Newton-CG: above
-    64 parameters no d x d array is formed.
+    """Minimise ``objective``'s potential from its start (or from ``last_mode``,
+    where the potential is lower there) by damped Newton-CG: above 64 parameters
+    no d x d array is formed.
 
     Each step solves ``(H + damping I) p = -g`` by conjugate gradients on
     Hessian-vector products (Nocedal & Wright 2006, Algorithm 5.2), in coordinates
@@ -527,6 +546,10 @@ def find_mode(
     :param float tol: the target squared Newton decrement.
     :param float max_seconds: the wall-clock budget (default :data:`MAX_SECONDS`).
     :param str what: what is searched for, in messages.
+    :param last_mode: a flat point of ``objective.x0``'s shape, the mode found on
+        earlier data of the same shapes (a refit): the search starts there where
+        the potential is finite and lower than at ``objective.x0``. Both are
+        evaluated by the search's own program, and the evaluations count.
     :return: ``(x, info)``: the flat point and a dict with ``iterations``,
         ``num_evaluations`` (full-data gradients), ``num_hvp`` (Hessian-vector
         products), ``potential``, ``newton_decrement`` (g' H^-1 g),
@@ -538,7 +561,7 @@ def find_mode(
     """
     start = time.perf_counter()
     passes = _Passes(objective)
-    search = _start(passes, what)
+    search = _start(passes, what, last_mode)
     settings = _Settings(
         max_iter,
         max_cg,

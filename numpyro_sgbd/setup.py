@@ -14,7 +14,6 @@ import time
 from typing import Any, NamedTuple
 
 import jax
-from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 
@@ -79,7 +78,7 @@ def find_preconditioner(
     ``"lowrank"`` or ``"diagonal"``; ``who`` names the kernel in messages.
     ``last_mode``, the mode found on earlier data of the same shapes (a refit),
     is where the search starts if the potential is lower there than at the
-    usual start."""
+    usual start (:func:`~numpyro_sgbd.mode_search.find_mode`)."""
     why = "as given"
     if form == "auto":
         form, why = preconditioning.choose_preconditioner(d)
@@ -89,9 +88,13 @@ def find_preconditioner(
     objective = full_data_objective(
         model, model_args, model_kwargs, chunk_size=chunk_size
     )
-    objective = _nearer_start(objective, last_mode)
     what = f"{who}'s start and preconditioner"
-    mode, info = find_mode(objective, what=what)
+    # A refit's data are often like the last (folds, a bootstrap): its search
+    # then ends in a few steps. A simulation's may not: the usual start is kept
+    # where the potential is lower there.
+    mode, info = find_mode(
+        objective, what=what, last_mode=_flat_last_mode(objective, last_mode)
+    )
     check_mode(
         info,
         objective.unravel,
@@ -137,27 +140,22 @@ def find_preconditioner(
     return pre, objective.unravel(mode), value_grad, report
 
 
-def _nearer_start(objective, last_mode):
-    """``objective`` starting at ``last_mode`` (unconstrained, by site) where it
-    has the same structure and a lower finite potential than the start the
-    objective has; ``objective`` otherwise. A refit's data are often like the
-    last (folds, bootstrap), and then its search ends in a few steps; a
-    simulation's may not, and then the usual start is kept."""
+def _flat_last_mode(objective, last_mode):
+    """``last_mode`` (unconstrained, by site) as a flat float64 NumPy point in
+    the objective's order, or ``None`` where it has another structure or other
+    shapes (the search then starts where it always does). On the host: nothing
+    is compiled for it (``eval_shape`` gives the objective's structure)."""
     if last_mode is None:
-        return objective
-    flat, unravel = ravel_pytree(last_mode)
-    if flat.shape != objective.x0.shape or jax.tree.structure(
-        unravel(flat)
-    ) != jax.tree.structure(objective.unravel(objective.x0)):
-        return objective
-    flat = flat.astype(objective.x0.dtype)
-    last, usual = (
-        objective.value_and_grad(flat)[0],
-        objective.value_and_grad(objective.x0)[0],
+        return None
+    sites = jax.eval_shape(objective.unravel, objective.x0)
+    if jax.tree.structure(last_mode) != jax.tree.structure(sites):
+        return None
+    leaves = jax.tree.leaves(last_mode)
+    if any(jnp.shape(a) != b.shape for a, b in zip(leaves, jax.tree.leaves(sites))):
+        return None
+    return np.concatenate(
+        [np.ravel(np.asarray(a, np.float64)) for a in leaves] or [np.zeros(0)]
     )
-    if np.isfinite(float(last)) and float(last) < float(usual):
-        return objective._replace(x0=flat)
-    return objective
 
 
 def find_centre(
