@@ -181,13 +181,19 @@ def add_pattern_options(parser):
     )
 
 
+def persistent_cache(directory):
+    """Turn on JAX's persistent compilation cache in ``directory`` for every
+    program, however small or quick to compile (before the first compile)."""
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def pattern(args):
     """Turn on the persistent cache where ``args.cache`` names one; a context
     in which the fits run (without the run checks with ``args.checks_off``)."""
     if args.cache:
-        jax.config.update("jax_compilation_cache_dir", args.cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        persistent_cache(args.cache)
     return monitoring_off() if args.checks_off else contextlib.nullcontext()
 
 
