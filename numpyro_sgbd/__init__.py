@@ -15,7 +15,7 @@ from numpyro_sgbd.handlers import full_batch
 from numpyro_sgbd.host import host_data
 from numpyro_sgbd.kernel import Centre, SGState
 from numpyro_sgbd.modes import PosteriorMode, posterior_mode
-from numpyro_sgbd.monitoring import ConvergenceWarning
+from numpyro_sgbd.monitoring import ConvergenceWarning, check
 from numpyro_sgbd.samplers import (
     BAOAB,
     NOGIN,
@@ -49,6 +49,7 @@ __all__ = [
     "SGState",
     "Centre",
     "Comparison",
+    "check",
     "compare",
     "config_enumerate",
     "ConvergenceWarning",

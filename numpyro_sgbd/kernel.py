@@ -25,7 +25,8 @@ from numpyro_sgbd import advice, core, preconditioning
 from numpyro_sgbd.estimators import Centre, with_setup
 from numpyro_sgbd.local_sites import local_update
 from numpyro_sgbd.model_side import ModelSide
-from numpyro_sgbd.monitoring import Monitor, wall_time
+from numpyro_sgbd.monitoring import Monitor, mode, wall_time
+from numpyro_sgbd.monitoring.checks import on_progress
 from numpyro_sgbd.monitoring.run import (
     Monitored,
     after_sample,
@@ -288,7 +289,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
     def sample(self, state, model_args, model_kwargs):
         # Runs in Python when NumPyro traces its loop, at the start of each run.
         self._monitor.start()
-        self._monitor.new_run()
+        self._monitor.new_run(mode())
         model_kwargs = {} if model_kwargs is None else model_kwargs
         if has_tracer(state) and not has_tracer((model_args, model_kwargs)):
             sharded = getattr(self._estimator, "sharding", None) is not None
@@ -316,7 +317,17 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
             local=bool(self._local),
         )
 
+    def _recorded_checks(self, state, take):
+        """A sampler's own checks after the run, from what its ``state`` recorded
+        (``take(field)``: the field of the checked chains, on the host), as
+        ``[(iteration, kind, check)]`` (see
+        :func:`~numpyro_sgbd.monitoring.check_run`); none here."""
+        return []
+
     def get_diagnostics_str(self, state):
+        # With the bar on, the run checks after the run are made here, at the
+        # run's last sample (see numpyro_sgbd.monitoring.checks).
+        on_progress(self, state)
         # The progress bar asks after every step; reading the state forces a
         # device sync, so refresh the text only every 100 steps.
         calls, text = self._diagnostics

@@ -14,6 +14,7 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 import pytest
 
+import numpyro_sgbd
 from numpyro_sgbd import NOGIN, SGBD, SGLD, preconditioning
 from numpyro_sgbd.evaluation.drift import drift
 
@@ -72,6 +73,7 @@ def adapted_run(request):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mcmc.run(random.key(1), X, Y, extra_fields=("step_size",))
+        numpyro_sgbd.check(mcmc)  # the run checks, after the run
         draws = np.asarray(mcmc.get_samples(group_by_chain=True)["b"], np.float64)
     return request.param, kernel, mcmc, draws, caught
 
@@ -214,7 +216,7 @@ def test_the_stationarity_warning_fires_on_a_drifting_chain():
         RuntimeWarning, match=r"still drifting.*mean of b\[\d\] moved"
     ) as caught:
         mcmc.run(random.key(3), X, Y, init_params=start)
-        jax.block_until_ready(mcmc.get_samples())
+        numpyro_sgbd.check(mcmc)
     assert "drift" in kernel.run_warnings
     # A given step: adapting it is a remedy not yet in force, and so is NUTS here.
     (text,) = [str(w.message) for w in caught if "drifting" in str(w.message)]
@@ -237,7 +239,7 @@ def test_a_step_held_down_by_the_noise_is_reported():
         UserWarning, match=r"held the adapted step to .*\(target 0\.5"
     ) as caught:
         mcmc.run(random.key(0), X, Y)
-        jax.block_until_ready(mcmc.get_samples())
+        numpyro_sgbd.check(mcmc)
     assert kernel.run_warnings[0] == "step"
     (text,) = [str(w.message) for w in caught if "held the" in str(w.message)]
     assert "gradient='control_variates'" in text
@@ -321,6 +323,7 @@ def spike_runs():
             progress_bar=False,
         )
         mcmc.run(random.key(0), Y_MIX)
+        numpyro_sgbd.check(mcmc)
         draws = np.asarray(mcmc.get_samples(group_by_chain=True)["mu"], np.float64)
         runs[adapt] = (kernel, mcmc, draws, float(az.ess(draws)))
     return runs
@@ -442,6 +445,7 @@ def test_the_advice_leaves_out_what_is_in_force():
     kernel = SGBD(regression)
     mcmc = MCMC(kernel, num_warmup=20, num_samples=20, progress_bar=False)
     mcmc.run(random.key(0), X, Y)
+    numpyro_sgbd.check(mcmc)
     # 20 draws: the convergence check rightly warns; the other kinds are quiet.
     assert kernel._gradient == "control_variates"
     assert kernel.run_warnings in ((), ("convergence",))

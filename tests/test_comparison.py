@@ -12,7 +12,8 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 import pytest
 
-from numpyro_sgbd import SGLD, Comparison, compare, plot_marginals
+import numpyro_sgbd
+from numpyro_sgbd import SGLD, Comparison, compare, monitoring, plot_marginals
 from numpyro_sgbd.evaluation import _arviz
 
 PRIOR_SD = 10.0
@@ -150,7 +151,8 @@ def test_ksd_and_sampler_stats_from_an_mcmc_run():
         progress_bar=False,
     )
     start = time.perf_counter()
-    mcmc.run(random.key(2), y)
+    with monitoring.per_step():  # the live notes keep the clock with the bar off
+        mcmc.run(random.key(2), y)
     jax.block_until_ready(mcmc.get_samples())
     seconds = time.perf_counter() - start
     shifted = {"mu": exact["mu"] + 2 * sd}
@@ -211,7 +213,8 @@ def test_arviz_data_from_numpyro_is_a_run_like_the_mcmc(tmp_path):
         progress_bar=False,
     )
     start = time.perf_counter()
-    mcmc.run(random.key(6), y)
+    with monitoring.per_step():  # the live notes keep the clock with the bar off
+        mcmc.run(random.key(6), y)
     jax.block_until_ready(mcmc.get_samples())
     seconds = time.perf_counter() - start
     idata = az.from_numpyro(mcmc)
@@ -279,7 +282,8 @@ def test_sequential_chains_add_their_times_and_a_resumed_run_is_not_guessed():
         progress_bar=False,
     )
     start = time.perf_counter()
-    mcmc.run(random.key(12), y)
+    with monitoring.per_step():  # the live notes keep the clock with the bar off
+        mcmc.run(random.key(12), y)
     jax.block_until_ready(mcmc.get_samples())
     seconds = time.perf_counter() - start
     recorded = compare(mcmc, exact, ksd_draws=0).summary.loc["run", "sampling_time"]
@@ -289,7 +293,8 @@ def test_sequential_chains_add_their_times_and_a_resumed_run_is_not_guessed():
     # reported rather than the steps' time alone (a tenth of the truth here).
     mcmc.post_warmup_state = mcmc.last_state
     start = time.perf_counter()
-    mcmc.run(mcmc.post_warmup_state.rng_key, y)
+    with monitoring.per_step():
+        mcmc.run(mcmc.post_warmup_state.rng_key, y)
     jax.block_until_ready(mcmc.get_samples())
     seconds = time.perf_counter() - start
     summary = compare(mcmc, exact, ksd_draws=0).summary.loc["run"]
@@ -354,6 +359,9 @@ def test_the_warnings_column_shows_what_the_kernel_recorded():
             progress_bar=False,
         )
         mcmc.run(random.key(17), y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            numpyro_sgbd.check(mcmc)  # checked: compare checks it no more
         mcmc.sampler.run_warnings = kinds  # as the kernels record them
         runs[name] = mcmc
     runs["draws"] = exact

@@ -9,7 +9,6 @@ import warnings
 
 from _cases import one_kernel
 import arviz as az
-import jax
 from jax import random
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +17,7 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 import pytest
 
+import numpyro_sgbd
 from numpyro_sgbd import NOGIN, SGBD, SGLD, ConvergenceWarning, GradientEstimate
 
 N_DATA, SUBSAMPLE = 1000, 100
@@ -391,7 +391,7 @@ def test_nogin_warns_when_noise_damping_stalls_exploration():
     mcmc = MCMC(kernel, num_warmup=0, num_samples=120, progress_bar=False)
     with pytest.warns(UserWarning, match=r"noise_damping = 4 at iteration 100"):
         mcmc.run(random.key(0), init_params=jnp.zeros(1))
-        jax.effects_barrier()
+        numpyro_sgbd.check(mcmc)
     kernel = NOGIN(gradient_fn=gradient_fn(1.0), step_size=1.0, covariance="diag")
     mcmc = MCMC(kernel, num_warmup=0, num_samples=120, progress_bar=False)
     with warnings.catch_warnings():
@@ -400,7 +400,7 @@ def test_nogin_warns_when_noise_damping_stalls_exploration():
         # effective ones; this test is about the stall warning alone.
         warnings.filterwarnings("ignore", category=ConvergenceWarning)
         mcmc.run(random.key(0), init_params=jnp.zeros(1))
-        jax.effects_barrier()
+        numpyro_sgbd.check(mcmc)
 
 
 def test_nogin_mass_per_site():
@@ -450,8 +450,7 @@ def test_nonfinite_chain_stops_and_warns(y_data, kernel_name):
     mcmc = MCMC(kernel, num_warmup=0, num_samples=60, progress_bar=False)
     with pytest.warns(RuntimeWarning, match="non-finite"):
         mcmc.run(random.key(12), y_data, extra_fields=("num_nonfinite",))
-        jax.block_until_ready(mcmc.get_samples())
-        jax.effects_barrier()
+        numpyro_sgbd.check(mcmc)
     mu = mcmc.get_samples()["mu"]
     counts = mcmc.get_extra_fields()["num_nonfinite"]
     assert np.all(np.isfinite(mu))

@@ -2,6 +2,7 @@
 kept in the state, bulk and tail ESS and rank-normalised split R-hat on the host
 once the run ends (issue 43)."""
 
+import contextlib
 import re
 import warnings
 
@@ -15,7 +16,7 @@ from numpyro.infer import MCMC
 import pytest
 
 import numpyro_sgbd
-from numpyro_sgbd import SGLD, monitoring
+from numpyro_sgbd import NOGIN, SGLD, GradientEstimate, monitoring
 from numpyro_sgbd.convergence import ess_bulk
 from numpyro_sgbd.evaluation.drift import drift
 
@@ -51,6 +52,7 @@ def _run(model, step_size, start, *, num_samples=4000, seed=0, chains=2):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mcmc.run(random.key(seed), Y, init_params={"mu": jnp.asarray(start)})
+        numpyro_sgbd.check(mcmc)  # vectorized chains: NumPyro never calls back
     return kernel, mcmc, [str(w.message) for w in caught]
 
 
@@ -103,6 +105,7 @@ def test_the_record_keeps_the_draws_the_run_keeps(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mcmc.run(random.key(0), Y, init_params={"mu": jnp.asarray(MEAN)})
+        numpyro_sgbd.check(mcmc)
     rows = np.asarray(mcmc.last_state.trace.rows)[:, 0]
     np.testing.assert_array_equal(rows, np.asarray(mcmc.get_samples()["mu"]))
     assert kernel.convergence["num_draws"] == 100
@@ -114,9 +117,9 @@ def test_the_record_keeps_the_draws_the_run_keeps(monkeypatch):
     assert (wide.every, wide.rows * len(wide.coords)) == (6, bound // 2)
     monkeypatch.setattr(monitoring.trace, "TRACE_ROWS", 1)  # room for 256 rows
     with pytest.warns(monitoring.ConvergenceWarning) as caught:
-        MCMC(kernel, num_warmup=10, num_samples=300, progress_bar=False).run(
-            random.key(0), Y, init_params={"mu": jnp.asarray(MEAN)}
-        )
+        mcmc = MCMC(kernel, num_warmup=10, num_samples=300, progress_bar=False)
+        mcmc.run(random.key(0), Y, init_params={"mu": jnp.asarray(MEAN)})
+        numpyro_sgbd.check(mcmc)
     assert kernel.convergence["num_draws"] == 150
     text = str(caught[0].message)
     assert "150 evenly spaced draws of the 300 it keeps" in text
@@ -170,7 +173,7 @@ def test_converged_runs_do_not_warn():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             mcmc.run(random.key(seed), Y, init_params={"mu": jnp.full(2, MEAN)})
-            jax.block_until_ready(mcmc.get_samples())
+            numpyro_sgbd.check(mcmc)
         alarms += "convergence" in kernel.run_warnings
         assert not [w for w in caught if "ESS" in str(w.message)] or alarms
         ess.append(kernel.convergence["min_ess_bulk"])
@@ -203,19 +206,24 @@ def test_rows_are_evenly_spaced_draws_of_the_run():
 
 def test_monitoring_off_compiles_no_check_and_keeps_the_draws():
     """``monitoring.off()`` around ``mcmc.run``: the slowly mixing chain of the
-    first test draws exactly the same, but no host call is made (the clock holds
-    only the starts), nothing is recorded and nothing warns."""
+    first test draws exactly the same as with the live notes, but no host call
+    is made (the clock holds only the starts), nothing is recorded and nothing
+    warns, not even when the run is checked."""
     quiet = SGLD(normal_mean, step_size=3e-4)
     mcmc = MCMC(quiet, num_warmup=100, num_samples=4000, progress_bar=False)
     with warnings.catch_warnings(record=True) as caught, monitoring.off():
         warnings.simplefilter("always")
         mcmc.run(random.key(0), Y, init_params={"mu": jnp.asarray(MEAN)})
+    with warnings.catch_warnings(record=True) as checked:
+        warnings.simplefilter("always")
+        assert numpyro_sgbd.check(mcmc) is None
     assert monitoring.enabled()
-    assert [str(w.message) for w in caught] == []
+    assert [str(w.message) for w in caught + checked] == []
     assert all(i is None for i, _ in quiet._monitor.clock)
     assert quiet.convergence is None and quiet.run_warnings == ()
     assert mcmc.last_state.trace is None  # no record kept in the state either
-    loud, on, messages = _run(normal_mean, 3e-4, MEAN, chains=1)
+    with monitoring.per_step():
+        loud, on, messages = _run(normal_mean, 3e-4, MEAN, chains=1)
     assert any(i is not None for i, _ in loud._monitor.clock)
     assert any("ESS" in m for m in messages)
     np.testing.assert_array_equal(
@@ -249,3 +257,192 @@ def test_a_coordinate_that_holds_still_is_not_said_to_move_inf_sds():
     assert not re.search(r"\binf\b", text)
     assert "mu held still within the first quarter" in text
     assert "from 0.5 to 1.5" in text and "raise num_samples" in text
+
+
+# ------------------------------------------- where the checks run (issue 59)
+def stalled_force(rng_key, z):
+    """NOGIN's force with gradient noise of variance 16: at h = 1 its
+    noise_damping is 16 / 4 = 4, a stall."""
+    noise = 4.0 * random.normal(rng_key, jnp.shape(z))
+    return GradientEstimate(z + noise, noise_cov=jnp.full(jnp.shape(z), 16.0))
+
+
+def _vectorized(start):
+    return dict(num_chains=2, chain_method="vectorized"), {
+        "init_params": {"mu": jnp.asarray(start)}
+    }
+
+
+#: A run that draws each warning: (kernel, MCMC's options, its run's arguments).
+CASES = {
+    # As `slow_mixing`: ESS of a few, no trend.
+    "convergence": (
+        lambda: SGLD(normal_mean, step_size=3e-4),
+        dict(num_warmup=100, num_samples=4000),
+        ((Y,), *_vectorized([MEAN, MEAN])),
+    ),
+    # Both chains start 25-30 posterior sds above the mean and relax towards it
+    # over thousands of steps: drift found at the check of step 4,096.
+    "drift": (
+        lambda: SGLD(normal_mean, step_size=1e-3),
+        dict(num_warmup=100, num_samples=4200),
+        ((Y,), *_vectorized([MEAN + 1.0, MEAN + 0.8])),
+    ),
+    # A step far beyond stability: the chain stops at iteration 7.
+    "nonfinite": (
+        lambda: SGLD(normal_mean, step_size=1.0),
+        dict(num_warmup=0, num_samples=60),
+        ((Y,), {}, {}),
+    ),
+    "stall": (
+        lambda: NOGIN(gradient_fn=stalled_force, step_size=1.0, covariance="diag"),
+        dict(num_warmup=0, num_samples=120),
+        ((), {}, {"init_params": jnp.zeros(1)}),
+    ),
+}
+
+
+def _checked(case, where):
+    """Run ``case`` with the checks ``where`` says, then check it twice: the
+    kernel, the MCMC and the warnings (category: message) the run, the first
+    check and the second gave."""
+    make, options, (args, chains, kwargs) = CASES[case]
+    kernel = make()
+    mcmc = MCMC(kernel, progress_bar=False, **options, **chains)
+    with warnings.catch_warnings(record=True) as caught, where:
+        warnings.simplefilter("always")
+        mcmc.run(random.key(0), *args, **kwargs)
+        jax.effects_barrier()
+        said = [_messages(caught)]
+        for _ in range(2):
+            del caught[:]
+            assert numpyro_sgbd.check(mcmc) is kernel.convergence
+            said.append(_messages(caught))
+    return kernel, mcmc, said
+
+
+def _messages(caught):
+    return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+def _same_report(one, other):
+    assert (one is None) == (other is None)
+    if one is not None:
+        assert one.keys() == other.keys()
+        for key in one:
+            np.testing.assert_array_equal(one[key], other[key], err_msg=key)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_check_after_the_run_warns_as_the_live_notes_did(case):
+    """The default compiles no host call into the step: ``numpyro_sgbd.check``
+    after the run gives the warnings, in order and word for word, and the
+    report that the live notes of ``monitoring.per_step()`` give during it, on
+    vectorized chains and on one chain with the bar off; checked again, it warns
+    no more. (Injected bugs: the non-finite iteration read as ``i -
+    num_nonfinite``; the drift check on every row of the record rather than the
+    live notes' draws; no record of the chains checked: each fails.)"""
+    live_kernel, _, live = _checked(case, monitoring.per_step())
+    kernel, _, after = _checked(case, contextlib.nullcontext())
+    assert live[0] and live[1:] == [[], []]
+    assert after[0] == [] and after[2] == []
+    assert after[1] == live[0]
+    assert case in kernel.run_warnings
+    assert kernel.run_warnings == live_kernel.run_warnings
+    _same_report(kernel.convergence, live_kernel.convergence)
+
+
+def test_with_the_bar_on_a_run_checks_itself_at_its_last_sample():
+    """With NumPyro's progress bar (its default) the kernel sees every sample in
+    Python: one chain, and sequential chains pooled into one check, warn at the
+    end of ``mcmc.run`` with no call of ``check``, and ``wall_time`` has its
+    clock. (Injected bug: no check at the bar's last sample: it fails.)"""
+    for chains in ({}, dict(num_chains=2, chain_method="sequential")):
+        kernel = SGLD(normal_mean, step_size=3e-4)
+        mcmc = MCMC(kernel, num_warmup=100, num_samples=4000, **chains)
+        # NumPyro turns the bar off under pytest-xdist and on CI; a user's is on.
+        mcmc.progress_bar = True
+        start = {"mu": jnp.full((2,), MEAN) if chains else jnp.asarray(MEAN)}
+        with pytest.warns(monitoring.ConvergenceWarning) as caught:
+            mcmc.run(random.key(0), Y, init_params=start)
+        (text,) = [str(w.message) for w in caught]
+        num_chains = mcmc.num_chains
+        assert f"over {num_chains} chain(s) of 4000 draws" in text
+        assert kernel.run_warnings == ("convergence",)
+        assert kernel.convergence["num_chains"] == num_chains
+        seconds = monitoring.wall_time(kernel, mcmc)
+        assert seconds is not None and seconds > 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert numpyro_sgbd.check(mcmc) is kernel.convergence
+
+
+def _whole_run(mcmc):
+    def run(rng_key):
+        mcmc.run(rng_key, Y)
+        return mcmc.last_state.z
+
+    return run
+
+
+@pytest.mark.parametrize("sampler", [SGLD, NOGIN])
+def test_the_default_compiles_no_host_callback(sampler):
+    """By default neither the kernel's step (lowered with a state that holds the
+    record) nor NumPyro's whole loop (traced with the run) holds a host
+    callback, so JAX's persistent cache can keep them; under
+    ``monitoring.per_step()`` both do. (Injected bug: the live notes left in
+    the default: it fails.)"""
+    for where, callbacks in (
+        (contextlib.nullcontext(), False),
+        (monitoring.per_step(), True),
+    ):
+        with where:
+            kernel = sampler(normal_mean, step_size=1e-3)
+            mcmc = MCMC(kernel, num_warmup=10, num_samples=100, progress_bar=False)
+            loop = str(jax.make_jaxpr(_whole_run(mcmc))(random.key(0)))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mcmc.run(random.key(0), Y)
+            state = mcmc.last_state
+            assert state.trace is not None
+            step = jax.jit(kernel.sample).lower(state, (Y,), {}).as_text()
+        assert ("callback" in loop) == callbacks
+        assert ("callback" in step) == callbacks
+
+
+@pytest.mark.parametrize("sampler", [SGLD, NOGIN])
+def test_the_three_modes_draw_the_same(sampler):
+    """The record and the host calls change no draw: on one key the three modes
+    give the same draws and final positions, bit for bit. (Injected bug: the
+    default's step perturbing the momentum by one part in 10^7: it fails.)"""
+    draws = {}
+    for name, where in (
+        ("after", contextlib.nullcontext()),
+        ("per_step", monitoring.per_step()),
+        ("off", monitoring.off()),
+    ):
+        mcmc = MCMC(
+            sampler(normal_mean, step_size=1e-3),
+            num_warmup=200,
+            num_samples=300,
+            num_chains=2,
+            chain_method="vectorized",
+            progress_bar=False,
+        )
+        with warnings.catch_warnings(), where:
+            warnings.simplefilter("ignore")
+            mcmc.run(random.key(3), Y, init_params={"mu": jnp.full(2, MEAN)})
+        last = mcmc.last_state
+        draws[name] = (mcmc.get_samples()["mu"], last.z["mu"], last.i)
+    for name in ("per_step", "off"):
+        for mine, theirs in zip(draws["after"], draws[name]):
+            np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+
+
+def test_check_refuses_what_it_cannot_check():
+    kernel = SGLD(normal_mean, step_size=1e-3)
+    with pytest.raises(ValueError, match="needs an MCMC that has run"):
+        numpyro_sgbd.check(MCMC(kernel, num_warmup=1, num_samples=1))
+    nuts = MCMC(numpyro.infer.NUTS(normal_mean), num_warmup=1, num_samples=1)
+    with pytest.raises(TypeError, match="this MCMC runs NUTS"):
+        numpyro_sgbd.check(nuts)

@@ -31,7 +31,7 @@ from numpyro.infer import MCMC
 from numpyro.infer.util import ParamInfo
 import pytest
 
-from numpyro_sgbd import BAOAB, NOGIN, SGBD, SGHMC, SGLD, SGNHT, Recipe
+from numpyro_sgbd import BAOAB, NOGIN, SGBD, SGHMC, SGLD, SGNHT, Recipe, monitoring
 from numpyro_sgbd.kernel import wall_time
 
 # Kernel factories given the posterior sd ``sd`` of the model's coordinates (a
@@ -628,7 +628,8 @@ def test_num_steps_runs_the_thinned_chain_inside_one_sample(y, kernel_name):
     inner = MCMC(
         make(num_steps=k), num_warmup=warmup, num_samples=8, progress_bar=False
     )
-    inner.run(random.key(1), y, extra_fields=fields)
+    with monitoring.per_step():  # the live notes: wall_time's clock, bar off
+        inner.run(random.key(1), y, extra_fields=fields)
     outer = MCMC(make(), num_warmup=warmup * k, num_samples=8 * k, progress_bar=False)
     outer.run(random.key(1), y, extra_fields=fields)
     np.testing.assert_allclose(
@@ -646,13 +647,15 @@ def test_num_steps_runs_the_thinned_chain_inside_one_sample(y, kernel_name):
 
 def test_num_steps_notes_the_host_every_16_samples_at_most(y):
     # Each host note (wall_time's clock, the stationarity check's thinned draws)
-    # is a callback; with the progress bar each waits for NumPyro's Python loop.
-    # At num_steps=k > 16 sampling notes come every 16k steps (and at powers of
-    # two of the sampling steps), not every 256; warmup's at powers of two only.
+    # of monitoring.per_step() is a callback; with the progress bar each waits
+    # for NumPyro's Python loop. At num_steps=k > 16 sampling notes come every
+    # 16k steps (and at powers of two of the sampling steps), not every 256;
+    # warmup's at powers of two only.
     k = 20
     kernel = KERNELS["SGBD"](normal_model, sd=MU_SD, num_steps=k)
     mcmc = MCMC(kernel, num_warmup=4, num_samples=60, progress_bar=False)
-    mcmc.run(random.key(2), y)
+    with monitoring.per_step():
+        mcmc.run(random.key(2), y)
     noted = [i for i, _ in kernel._monitor.clock if i is not None]
     warmup = [20, 40, 80]  # crossing 1-16, 32, 64
     t_end = k * np.arange(1, 61)
@@ -666,10 +669,12 @@ def test_num_steps_notes_the_host_every_16_samples_at_most(y):
 def test_sampling_notes_thin_out_as_the_run_grows(y):
     # The spacing of the sampling notes doubles with each doubling of the run
     # past 32 spacings, so a long run calls the host some 16 times per doubling,
-    # and the stationarity check keeps 16 to 32 evenly spaced draws.
+    # and the stationarity check keeps 16 to 32 evenly spaced draws (under
+    # monitoring.per_step(); by default the check after the run replays it).
     kernel = KERNELS["SGBD"](normal_model, sd=MU_SD)
     mcmc = MCMC(kernel, num_warmup=10, num_samples=20_000, progress_bar=False)
-    mcmc.run(random.key(2), y)
+    with monitoring.per_step():
+        mcmc.run(random.key(2), y)
     noted = [i for i, _ in kernel._monitor.clock if i is not None]
     t = np.arange(1, 20_001)
     spacing = np.select([t < 8192, t < 16384], [256, 512], 1024)

@@ -12,6 +12,8 @@ from numpyro.infer import MCMC
 from numpyro_sgbd.evaluation import _arviz
 from numpyro_sgbd.handlers import full_batch
 from numpyro_sgbd.kernel import wall_time
+from numpyro_sgbd.monitoring.checks import check
+from numpyro_sgbd.monitoring.run import Monitored
 
 
 def is_run(value):
@@ -47,10 +49,13 @@ def load_run(name, run):
     """(draws grouped by chain, sampler stats grouped by chain, seconds, model info).
 
     The model info is ``(model, args, kwargs)`` of an MCMC run of a model (for
-    the KSD's scores), else ``None``."""
+    the KSD's scores), else ``None``. The run checks of our kernels' runs are
+    made here (:func:`~numpyro_sgbd.check`: their warnings, once per run)."""
     if isinstance(run, MCMC):
         if run._states is None:
             raise ValueError(f"run {name!r}: the MCMC object has not been run yet.")
+        if isinstance(run.sampler, Monitored):
+            check(run)
         draws = {k: np.asarray(v) for k, v in run.get_samples(True).items()}
         stats = {
             k: np.asarray(v)

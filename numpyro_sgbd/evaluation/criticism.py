@@ -29,6 +29,8 @@ from numpyro.infer import init_to_sample
 from numpyro_sgbd.estimators import as_jax_arrays, split_arrays
 from numpyro_sgbd.evaluation import _arviz
 from numpyro_sgbd.handlers import fix_plates, full_batch, subsample_plates
+from numpyro_sgbd.monitoring.checks import check
+from numpyro_sgbd.monitoring.run import Monitored
 from numpyro_sgbd.prepare import LogLikelihoodSubsetWarning
 
 __all__ = ["LOG_LIKELIHOOD_ROWS", "from_numpyro", "full_data_log_likelihood"]
@@ -340,7 +342,8 @@ def from_numpyro(mcmc, *, log_likelihood="all", chunk_size=None, **kwargs):
     ``log_likelihood_plate`` (its name), ``log_likelihood_size`` (the rows held)
     and ``data_size`` (its N). The other groups are ArviZ's (``observed_data``
     holds the kernel's evaluation rows). ``False`` gives no ``log_likelihood``
-    group.
+    group. A run of this package's kernels is checked first
+    (:func:`~numpyro_sgbd.check`: the run checks' warnings, once per run).
 
     :param mcmc: a :class:`~numpyro.infer.mcmc.MCMC` that has run, with a kernel
         built from a model.
@@ -389,6 +392,8 @@ def from_numpyro(mcmc, *, log_likelihood="all", chunk_size=None, **kwargs):
                 "model; this one was built from potential_fn or gradient_fn. Pass "
                 "log_likelihood=False."
             )
+        if isinstance(mcmc.sampler, Monitored):
+            check(mcmc)  # the run checks' warnings, once per run
         # ArviZ's subset group only where asked for (0.x builds one by default).
         data = az.from_numpyro(
             mcmc, log_likelihood=log_likelihood == "subset", **kwargs

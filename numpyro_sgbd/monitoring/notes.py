@@ -1,6 +1,9 @@
 """The host side of the run checks: when the compiled step calls the host (a
-"note"), the clock :func:`wall_time` reads, and the step, drift and non-finite
-checks a :class:`Monitor` makes there (see :mod:`numpyro_sgbd.monitoring`)."""
+"note", under :func:`~numpyro_sgbd.monitoring.per_step`), the clock
+:func:`wall_time` reads, the step, drift and non-finite checks a
+:class:`Monitor` makes there, and the drift check's schedule that the check
+after the run replays on the state's record (:func:`drift_schedule`; see
+:mod:`numpyro_sgbd.monitoring`)."""
 
 import time
 import warnings
@@ -12,7 +15,7 @@ import numpy as np
 from numpyro_sgbd import advice
 from numpyro_sgbd.evaluation.drift import drift
 
-__all__ = ["Monitor", "call_host", "clock_due", "wall_time"]
+__all__ = ["Monitor", "call_host", "clock_due", "drift_schedule", "wall_time"]
 
 
 def call_host(pred, warn, i, *args):
@@ -54,7 +57,7 @@ def _flat_draws(batch_shape, leaves):
     )
 
 
-def _smallest_step(batch_shape, step_size, scale):
+def smallest_step(batch_shape, step_size, scale):
     """Each chain's smallest step in u, on the host: the step in v times the
     smallest scale (where the noise holds the chain still, its windows shrink the
     scale and the step in v grows to the target while the move in u stays as
@@ -137,6 +140,32 @@ def _two_power_crossed(before, after):
     return (after ^ before) > before
 
 
+def drift_schedule(t_end, num_steps):
+    """The drift checks the live notes make over ``t_end`` sampling steps, in
+    order, as ``(t, points, every)``: the sampling step ``t`` of the check, the
+    sampling steps of the draws it reads (16 to 32 of them) and their spacing.
+    The same rule as :meth:`Monitor.note`: a draw at each sample that crosses a
+    multiple of :func:`_spacing`, the ones off the new spacing dropped when it
+    doubles; a check at the 16th draw and at each power of two of ``t`` after.
+
+    >>> [(t, len(points), every) for t, points, every in drift_schedule(9000, 1)]
+    [(4096, 16, 256), (8192, 32, 256)]
+    """
+    k, base = num_steps, _note_every(num_steps)
+    points = []
+    for m in range(1, t_end // base + 1):
+        t = k * -(-m * base // k)  # the sample that crosses m * base
+        every = _spacing(t, k)
+        if t > t_end or not _crossed(t - k, t, every):
+            continue
+        points.append(t)
+        if len(points) >= _DRIFT_MIN_POINTS and (
+            len(points) == _DRIFT_MIN_POINTS or _two_power_crossed(max(t - k, 0), t)
+        ):
+            yield t, list(points), _spacing(max(t - k, 1), k)
+        points = [p for p in points if _crossed(p - k, p, every)]
+
+
 def clock_due(before, after, num_warmup, num_steps):
     """Whether one sample's steps ``(before, after]`` end with a note: at a power
     of two of the warmup iteration or of the sampling step ``t = i - num_warmup``,
@@ -153,14 +182,18 @@ def wall_time(kernel, mcmc):
     the host times the kernel noted; ``None`` when they do not cover that run.
 
     The kernel notes a start when ``init`` runs and when NumPyro traces ``sample``
-    (each ``run`` compiles its loop anew), and the end of warmup iterations 1, 2,
-    4, ... and of sampling iterations 1, 2, 4, ... and every 256th (every
+    (each ``run`` compiles its loop anew), and, under
+    :func:`~numpyro_sgbd.monitoring.per_step`, the end of warmup iterations 1,
+    2, 4, ... and of sampling iterations 1, 2, 4, ... and every 256th (every
     ``16 num_steps``-th where that is more; the spacing doubles with each doubling
-    of the run past 32 spacings). The run's iterations are ``(i_end - steps,
-    i_end]``, ``i_end`` the last state's iteration count and ``steps`` the warmup
-    (unless the run resumed from ``post_warmup_state``) plus ``num_samples``,
-    times the kernel's ``num_steps``; the steps after the last note are timed at
-    the rate between the last two.
+    of the run past 32 spacings); by default, with NumPyro's progress bar on, the
+    end of the first sample of each loop, of every 100th after and of the run's
+    last. Without the bar the default notes no end: ``None``. The run's
+    iterations are ``(i_end - steps, i_end]``, ``i_end`` the last state's
+    iteration count and ``steps`` the warmup (unless the run resumed from
+    ``post_warmup_state``) plus ``num_samples``, times the kernel's
+    ``num_steps``; the steps after the last note are timed at the rate between
+    the last two.
     Sequential chains run one after another, each a pass of its own: their times
     add up. What NumPyro does before ``init`` and after the last step (collecting
     the draws) is not counted: a few percent of a short run.
@@ -236,6 +269,20 @@ class Monitor:
         #: pool of chains (:class:`~numpyro_sgbd.monitoring.ConvergenceCheck`).
         self.trace_plan = None
         self.check = None
+        #: Where the step NumPyro compiled last makes its checks
+        #: (:func:`~numpyro_sgbd.monitoring.mode`), and the run's samples.
+        self.mode = None
+        self.num_samples = None
+        #: The chains whose final states the check after the run has read
+        #: (``(i, key bytes)`` each), and the progress bar's count of samples
+        #: and the count at which it next reads the state.
+        self.checked = set()
+        self.bar_calls, self.bar_next_read = 0, 1
+
+    def new_record(self):
+        """Forget the last run's warnings and checked chains: a run starts."""
+        self.run_warnings, self.checked = (), set()
+        self.drift_warned = False
 
     def record_warning(self, kind):
         """Note that this run warned (``kind``: "step", "drift", ...), for the
@@ -248,17 +295,25 @@ class Monitor:
         self.clock.append((None, time.perf_counter()))
         del self.clock[:-_CLOCK_EVENTS]
 
-    def new_run(self):
-        """Forget the last run's drift draws and checks."""
+    def tick(self, i):
+        """Note the host time at the end of iteration ``i``."""
+        self.clock.append((i, time.perf_counter()))
+        del self.clock[:-_CLOCK_EVENTS]
+
+    def new_run(self, mode=None):
+        """Forget the last run's drift draws and checks; the step NumPyro is
+        tracing makes its checks as ``mode`` says."""
         self.drift_points, self.drift_warned = [], False
         self.step_checked = False
+        self.mode = mode
 
     def for_pickling(self):
         """A copy with the clock but no draws (the drift check starts afresh)."""
         other = Monitor()
         other.clock = list(self.clock)
         other.run_warnings, other.convergence = self.run_warnings, self.convergence
-        other.trace_plan = self.trace_plan
+        other.trace_plan, other.mode = self.trace_plan, self.mode
+        other.num_samples, other.checked = self.num_samples, set(self.checked)
         return other
 
     def note(self, kernel, i, first_stop, leaves, step_size, scale):
@@ -270,11 +325,11 @@ class Monitor:
             _warn_nonfinite(i, advice.nonfinite_remedies(kernel._run_facts()))
         batch_shape = np.shape(i)
         i = int(np.max(i))
-        self.clock.append((i, time.perf_counter()))
+        self.tick(i)
         num_warmup, k = kernel._num_warmup, kernel._num_steps
         if i > num_warmup and not self.step_checked:
             self.step_checked = True
-            self.check_step(kernel, _smallest_step(batch_shape, step_size, scale))
+            self.check_step(kernel, smallest_step(batch_shape, step_size, scale))
         t = i - num_warmup
         if t <= 0:
             return
@@ -313,12 +368,13 @@ class Monitor:
             stacklevel=2,
         )
 
-    def check_drift(self, kernel, i, rows, every):
+    def check_drift(self, kernel, i, rows, every, coords=None):
         """Warn, once per run, when the sampling draws noted so far (``rows``, 16
         to 32 blocks of rows, ``every`` iterations apart) still drift
         (:func:`~numpyro_sgbd.evaluation.drift.drift`). Checked when their number
         reaches 16 and at each power of two of the sampling iterations after that:
-        once for each doubling of the run."""
+        once for each doubling of the run. ``coords``: the flat coordinates of the
+        rows' columns, where they are not all of z's (the state's record)."""
         if self.drift_warned:
             return
         found = drift(np.concatenate(rows))
@@ -327,7 +383,8 @@ class Monitor:
         self.drift_warned = True
         self.record_warning("drift")
         remedies = advice.drift_remedies(kernel._run_facts())
-        name = flat_name(kernel._draw_shapes, found.index)
+        j = found.index if coords is None else int(coords[found.index])
+        name = flat_name(kernel._draw_shapes, j)
         so_far = f"over the {i - kernel._num_warmup} sampling iterations so far"
         if found.t is None:
             what = (

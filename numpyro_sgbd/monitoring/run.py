@@ -1,8 +1,10 @@
 """The run checks as a kernel's ``init`` and ``sample`` wire them in: the
-convergence record given to the state, the host calls after each sample (the
-notes of :class:`~numpyro_sgbd.monitoring.notes.Monitor` and, when the run
+convergence record given to the state, what each sample adds to it and, under
+:func:`~numpyro_sgbd.monitoring.per_step`, the host calls after each sample
+(the notes of :class:`~numpyro_sgbd.monitoring.notes.Monitor` and, when the run
 ends, the convergence check with its warning), and the check of data that
-NumPyro would compile into its loop as constants.
+NumPyro would compile into its loop as constants. The checks after the run are
+in :mod:`~numpyro_sgbd.monitoring.checks`.
 
 Each function takes the kernel whose :class:`Monitor` (``kernel._monitor``)
 holds the record of its runs: the warnings given, the convergence check's pool
@@ -18,7 +20,7 @@ import numpy as np
 from numpyro_sgbd import advice
 from numpyro_sgbd.convergence import rhat_text
 from numpyro_sgbd.monitoring.notes import call_host, clock_due, flat_name
-from numpyro_sgbd.monitoring.switch import enabled
+from numpyro_sgbd.monitoring.switch import PER_STEP, enabled, mode
 from numpyro_sgbd.monitoring.trace import (
     MAX_RHAT,
     MIN_ESS,
@@ -60,8 +62,10 @@ class Monitored:
 
     @property
     def convergence(self):
-        """After an ``MCMC`` run: the convergence check's numbers (see
-        :func:`~numpyro_sgbd.monitoring.report`), or ``None``."""
+        """After an ``MCMC`` run and its check (at the bar's last sample, by
+        :func:`~numpyro_sgbd.check`, or live under
+        :func:`~numpyro_sgbd.monitoring.per_step`): the convergence check's
+        numbers (see :func:`~numpyro_sgbd.monitoring.report`), or ``None``."""
         return self._monitor.convergence
 
 
@@ -71,14 +75,18 @@ def start_trace(kernel, state, one_z):
     monitor = kernel._monitor
     leaves = jax.tree.leaves(one_z)
     dim = sum(int(np.size(x)) for x in leaves)
-    trace_plan = plan(driving_mcmc(kernel) if enabled() else None, dim)
+    mcmc = driving_mcmc(kernel) if enabled() else None
+    trace_plan = plan(mcmc, dim)
     check = monitor.check
     # Sequential and parallel chains each call `init`: a run starts, and the
     # check's pool of chains with it, only where no chain is pending.
     if check is None or check.plan != trace_plan or not check.pending:
-        monitor.run_warnings = ()
+        monitor.new_record()
         check = None if trace_plan is None else ConvergenceCheck(trace_plan)
     monitor.check, monitor.trace_plan = check, trace_plan
+    # The progress bar's count starts with each chain's loop (see checks.py).
+    monitor.num_samples = None if mcmc is None else int(mcmc.num_samples)
+    monitor.bar_calls, monitor.bar_next_read = 0, 1
     if trace_plan is None:
         return state
     dtype = jnp.result_type(*leaves) if leaves else jnp.float32
@@ -86,12 +94,29 @@ def start_trace(kernel, state, one_z):
 
 
 def after_sample(kernel, state, new_state, trace):
-    """``new_state`` after the host calls of one sample: a note when the first
-    chain stops or the clock is due (see :func:`clock_due`), and the record of
-    the convergence check with its check when the run ends."""
-    num_warmup, num_steps = kernel._num_warmup, kernel._num_steps
-    if not enabled():
+    """``new_state`` with the sample in the convergence check's record (the
+    default: no host call; the host checks the record after the run) and, under
+    :func:`~numpyro_sgbd.monitoring.per_step`, after the host calls of one
+    sample: a note when the first chain stops or the clock is due (see
+    :func:`clock_due`), and the check of the record when the run ends."""
+    if mode() != PER_STEP:
+        if trace is not None and enabled():
+            trace = _recorded(kernel, state, new_state, trace)
         return new_state if trace is None else new_state._replace(trace=trace)
+    return _noted(kernel, state, new_state, trace)
+
+
+def _recorded(kernel, state, new_state, trace):
+    """``trace`` with the draw of ``new_state`` written in."""
+    num_warmup, num_steps = kernel._num_warmup, kernel._num_steps
+    after = (new_state.i - num_warmup) // num_steps
+    return record(trace, kernel._monitor.trace_plan, new_state.z, after)
+
+
+def _noted(kernel, state, new_state, trace):
+    """``new_state`` after the live notes of one sample (see
+    :func:`after_sample`): the host calls and the record."""
+    num_warmup, num_steps = kernel._num_warmup, kernel._num_steps
     # Once per run: when the first chain stops (vectorized chains share a call).
     first_stop = jnp.any(new_state.num_nonfinite > 0) & jnp.all(
         state.num_nonfinite == 0
@@ -112,11 +137,10 @@ def after_sample(kernel, state, new_state, trace):
     )
     if trace is None:
         return new_state._replace(i=i)
-    trace_plan = kernel._monitor.trace_plan
     before = (state.i - num_warmup) // num_steps
     after = (new_state.i - num_warmup) // num_steps
-    trace = record(trace, trace_plan, new_state.z, after)
-    ends = run_ends(trace_plan, before, after)
+    trace = _recorded(kernel, state, new_state, trace)
+    ends = run_ends(kernel._monitor.trace_plan, before, after)
     i = call_host(ends, lambda i, rows: _on_run_end(kernel, rows), i, trace.rows)
     return new_state._replace(i=i, trace=trace)
 

@@ -7,8 +7,10 @@ So the kernel keeps its own record: when ``init`` is called by an ``MCMC`` run
 (found on the call stack through its public ``sampler``, ``num_samples`` and
 ``num_chains``), the state gets a :class:`Trace` buffer of at most
 :data:`TRACE_ROWS` evenly spaced sampling draws of at most :data:`TRACE_COORDS`
-unconstrained coordinates, written in place once per sample, and the sample that
-ends the run calls the host once with it. There :class:`ConvergenceCheck` pools
+unconstrained coordinates, written in place once per sample, which the host
+reads when the run has ended (:mod:`~numpyro_sgbd.monitoring.checks`; under
+:func:`~numpyro_sgbd.monitoring.per_step` the sample that ends the run calls
+the host with it). There :class:`ConvergenceCheck` pools
 the chains and computes the rank-normalised bulk and tail ESS and split R-hat of
 Vehtari et al. (2021), the statistics ArviZ reports, with
 :mod:`numpyro_sgbd.convergence`.

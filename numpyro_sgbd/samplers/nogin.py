@@ -40,8 +40,9 @@ NOGINState = namedtuple(
         "trace",
         "setup",
         "local",
+        "stall_damping",
     ],
-    defaults=(None, None, None, None, None),
+    defaults=(None, None, None, None, None, None),
 )
 NOGINState.__doc__ = """
 State of :class:`NOGIN`. The scalar fields can be collected with
@@ -71,6 +72,10 @@ State of :class:`NOGIN`. The scalar fields can be collected with
  - **setup** - the preconditioner and centre the step reads (see
    :class:`SGState`).
  - **local** - the local sites' step (see :class:`SGState`), else ``None``.
+ - **stall_damping** - where the run checks are made after the run (the
+   default, see :mod:`numpyro_sgbd.monitoring`): ``noise_damping`` at the end of
+   the sample that reached iteration ``max(num_warmup, 100)``, which the stall
+   check reads (NaN before it); ``None`` otherwise.
 """
 
 # noise_damping above which the gradient noise, not the step, sets the
@@ -458,25 +463,48 @@ class NOGIN(_SGKernel):
             checked=("noise_damping",),
         )
 
-    def sample(self, state, model_args, model_kwargs):
-        new_state = super().sample(state, model_args, model_kwargs)
-        if not monitoring.enabled():
-            return new_state
-        check_at = max(self._num_warmup, _STALL_CHECK_ITERATION)
-        stalled = jnp.any(
-            (state.i < check_at)
-            & (new_state.i >= check_at)
-            & (new_state.noise_damping > _STALL_DAMPING)
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
+        if monitoring.mode() != monitoring.switch.AFTER:
+            return state
+        dtype = jnp.result_type(state.noise_damping)
+        return state._replace(
+            stall_damping=jnp.full(jnp.shape(state.i), jnp.nan, dtype)
         )
+
+    def sample(self, state, model_args, model_kwargs):
+        # The stall check's record stays out of the step, as the trace does.
+        kept = state.stall_damping
+        new_state = super().sample(
+            state._replace(stall_damping=None), model_args, model_kwargs
+        )
+        check_at = max(self._num_warmup, _STALL_CHECK_ITERATION)
+        crossed = (state.i < check_at) & (new_state.i >= check_at)
+        if monitoring.mode() != monitoring.switch.PER_STEP:
+            if kept is not None and monitoring.enabled():
+                kept = jnp.where(crossed, new_state.noise_damping, kept)
+            return new_state._replace(stall_damping=kept)
+        stalled = jnp.any(crossed & (new_state.noise_damping > _STALL_DAMPING))
         return new_state._replace(
+            stall_damping=kept,
             i=monitoring.call_host(
                 stalled, self._warn_stall, new_state.i, new_state.noise_damping
-            )
+            ),
         )
 
     def _warn_stall(self, i, damping):
         self._monitor.record_warning("stall")
         _warn_stall(i, damping)
+
+    def _recorded_checks(self, state, take):
+        """The stall check after the run: ``stall_damping`` above 1 in some
+        chain warns, at the iteration the live check would."""
+        damping = take(state.stall_damping)
+        if damping is None or not np.any(damping > _STALL_DAMPING):
+            return []
+        k = self._num_steps
+        at = k * -(-max(self._num_warmup, _STALL_CHECK_ITERATION) // k)
+        return [(at, "stall", partial(self._warn_stall, at, np.nanmax(damping)))]
 
     def _diagnostic_parts(self, state):
         return [
