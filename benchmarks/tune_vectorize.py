@@ -3,11 +3,12 @@ charged second of an arm, vectorised against one arm at a time.
 
 Logistic regression (``run.make_data``), N = 10**5 rows, d = 10; SGLD with control
 variates and five step sizes per subsample size. For each subsample size, ``tune``
-runs the same five arms for one round twice, ``vectorize=True`` (one program, five
-chains, each arm charged a fifth of its wall time) and ``vectorize=False`` (five
-programs of one chain), with the same budget; the ratio of their steps per charged
-second (the median over the five arms) is measured in this one process. Compile
-times are printed beside it. About two minutes on two cores:
+runs the same five arms for one round twice, ``vectorize=True`` (one call of the
+family's program for five chains, each arm charged a fifth of its wall time) and
+``vectorize=False`` (five calls of a program of one chain), with the same budget;
+the ratio of their steps per charged second (the median over the five arms) is
+measured in this one process. Compile times are printed beside it. About two
+minutes on two cores:
 
     python benchmarks/tune_vectorize.py [--num-data 100000] [--budget 5]
 """
@@ -22,13 +23,13 @@ from run import make_data
 from numpyro_sgbd import tune, unroll_threefry_on_cpu
 
 
-def make_model(dim, prior_sd=3.0):
+def make_model(dim, prior_sd=3.0, subsample_size=100):
     """The benchmark's logistic regression (also benchmarks/tune_budget.py's,
-    with N(0, 1) priors), the data plate declared with n = 100."""
+    with N(0, 1) priors), the data plate declared with n = ``subsample_size``."""
 
     def model(X, y):
         w = numpyro.sample("w", dist.Normal(0.0, prior_sd).expand([dim]).to_event(1))
-        with numpyro.plate("data", X.shape[0], subsample_size=100) as idx:
+        with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
             numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
 
     return model

@@ -20,10 +20,11 @@ hyperparameters:
   sampler's ``step_size=None`` target in the whitened coordinates u, the target,
   and a geometric grid below it; see :func:`~numpyro_sgbd.tuning.tune`), eta = 3 and
   the kernel Stein discrepancy as the metric, under a budget of ``--tune-budget``
-  seconds (default 160: at N = 10^6 tune names a minimum of about 155 s, for
-  an arm at 10 % of N to record its 10 draws in round 0; where tune refuses a
-  budget as too small the run retries with 1.5 times the budget it names, recorded in
-  ``tune_budget``); then ``result.kernel``, the winner, is run for
+  seconds (default 160: at N = 10^6 an arm at 10 % of N needs about a second
+  for its 10 draws in each round, and tune names minimums of 50 to 70 s on two
+  cores; where tune refuses a budget as too small the run retries with 1.5
+  times the budget it names, recorded in ``tune_budget``); then
+  ``result.kernel``, the winner, is run for
   ``--sample-seconds`` (default 10, as the paper).
 - ``MAMBA-FSSD``: the same with ``metric="fssd"`` (FSSD with optimised test
   locations).

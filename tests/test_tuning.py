@@ -5,7 +5,9 @@ so the posterior is N(ybar N / (N + 0.01), 1 / (N + 0.01)) and, in the whitened
 coordinates the arms run in, N(0, 1) up to the Laplace approximation (exact here).
 """
 
+import logging
 import math
+import re
 import time
 
 import jax
@@ -18,6 +20,7 @@ import pytest
 
 from numpyro_sgbd import tune
 from numpyro_sgbd.tuning import Arm, _Draws, _num_rounds
+from numpyro_sgbd.tuning.budget import GRACE
 
 N = 4000
 
@@ -36,6 +39,20 @@ def y():
 def exact_posterior(y):
     precision = N + 1.0 / 100.0
     return float(jnp.sum(y)) / precision, 1.0 / math.sqrt(precision)
+
+
+def tune_on_any_machine(*args, **kwargs):
+    """``tune``, retried once with 1.5 times the budget it names where it refuses
+    the given one: on a slow or loaded machine set-up and compiling take longer,
+    and these tests check what tune picks and reports, not the machine's speed
+    (the budget's own tests call tune directly)."""
+    try:
+        return tune(*args, **kwargs)
+    except ValueError as err:
+        named = re.search(r"Pass budget >= ([0-9.]+) s", str(err))
+        if named is None:
+            raise
+    return tune(*args, **{**kwargs, "budget": 1.5 * float(named.group(1))})
 
 
 def test_num_rounds_is_floor_log_eta():
@@ -82,7 +99,7 @@ def test_tune_finds_the_exact_arm_and_survives_a_blown_up_one(y):
     test_full_scores_are_the_model_scores_in_whitened_coordinates: flipping the
     sign here still let the KSD pick 0.5 (the draws' spread alone separates these
     arms), so this test does not cover it."""
-    result = tune(
+    result = tune_on_any_machine(
         model,
         y,
         budget=20.0,
@@ -158,7 +175,7 @@ def test_successive_halving_keeps_the_best_third(y):
     longer than in round 0. Step sizes spread from useless to good; SGLD with
     control variates (the noise is tiny) and scored by FSSD this time."""
     steps = [0.4, 0.2, 0.1, 0.03, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4]
-    result = tune(
+    result = tune_on_any_machine(
         model,
         y,
         budget=20.0,
@@ -193,7 +210,7 @@ def test_minibatch_scores_and_one_arm_at_a_time(y, tmp_path):
     same two arms as the full-data one, with each arm run alone
     (vectorize=False); the plot is written."""
     pytest.importorskip("matplotlib")
-    result = tune(
+    result = tune_on_any_machine(
         model,
         y,
         budget=12.0,
@@ -222,7 +239,7 @@ def test_an_sghmc_arm_that_breaks_the_noise_bound_is_reported(y):
     from numpyro_sgbd import SGHMC
     from numpyro_sgbd.handlers import subsample_size
 
-    result = tune(
+    result = tune_on_any_machine(
         model,
         y,
         budget=10.0,
@@ -250,38 +267,54 @@ def test_an_sghmc_arm_that_breaks_the_noise_bound_is_reported(y):
 
 def test_the_budget_is_wall_time_from_the_call_to_the_result(y):
     """``budget`` counts everything: set-up, compiling, sampling, scoring and
-    building the winner. A budget of 20 s with 6-13 s of set-up, compiling and
-    scoring (two groups, 2-5 s to make and compile each on two cores; 12.9 s in
-    all under the two-worker suite on a slow machine, where a 12 s budget was
-    rightly refused): the call returns within 1.25 x the budget, and
+    building the winner. Two sampler families, each one program: the call
+    returns by the deadline (or, where set-up and compiling alone passed it,
+    soon after them; within 1.25 x the budget + GRACE s in any case), and
     ``seconds["total"]`` is the same wall time, of which set-up, compiling,
     sampling and scoring are disjoint parts.
+    A behaviour, not a speed: where set-up and compiling leave a budget of 10 s
+    too little (a slow or loaded machine), tune refuses it naming what would do,
+    and the same holds of that budget.
 
-    Injected bug: starting the deadline after compiling (the old accounting, the
-    budget charged to sampling alone) returned after 20 s of a 12 s budget, and
-    after 29.1 s of this 20 s one (fails)."""
-    budget = 20.0
-    started = time.perf_counter()
-    result = tune(
-        model,
-        y,
-        budget=budget,
-        samplers=["SGLD", "SGBD"],
-        gradients=["minibatch"],
-        subsample_sizes=[256],
-        step_sizes=[0.5, 0.05],
-        rng_key=jax.random.key(4),
-    )
+    Injected bug: starting the deadline after compiling (the old accounting,
+    the budget charged to sampling alone) returned after 20 s of a 12 s budget
+    and after 29.1 s of a 20 s one (fails: set-up and compiling take more than
+    a second and a half)."""
+    budget = 10.0
+    for attempt in range(2):
+        started = time.perf_counter()
+        try:
+            result = tune(
+                model,
+                y,
+                budget=budget,
+                samplers=["SGLD", "SGBD"],
+                gradients=["minibatch"],
+                subsample_sizes=[256],
+                step_sizes=[0.5, 0.05],
+                rng_key=jax.random.key(4),
+            )
+            break
+        except ValueError as err:
+            if attempt:
+                raise
+            named = re.search(r"Pass budget >= ([0-9.]+) s", str(err))
+            budget = 1.5 * float(named.group(1))
     wall = time.perf_counter() - started
-    assert wall <= 1.25 * budget
+    # The contract: the deadline, up to small overruns, or round 0's minimum up
+    # to GRACE seconds late where set-up and compiling left it too little.
+    assert wall <= 1.25 * budget + GRACE
     assert result.seconds["total"] <= wall
     assert result.budget == budget
-    # The phases are disjoint parts of that wall time. (Sampling can overrun
-    # the share the deadline gave it by what the machine's load adds to a
-    # round's predicted time, 0.16 s in one CI run: not asserted.)
+    seconds = result.seconds
+    # The rounds end at the deadline; where set-up and compiling alone passed
+    # it, round 0 runs its minimum (milliseconds here) and the call ends.
+    assert seconds["total"] <= max(budget, seconds["setup"] + seconds["compile"]) + 1.5
+    # The phases are disjoint parts of that wall time (how long each took is
+    # the machine's: not asserted).
     phases = ("setup", "compile", "sampling", "scoring")
-    assert sum(result.seconds[k] for k in phases) <= result.seconds["total"]
-    assert result.seconds["sampling"] > 0
+    assert sum(seconds[k] for k in phases) <= seconds["total"]
+    assert seconds["sampling"] > 0
 
 
 def test_a_budget_too_small_names_the_minimum(y):
@@ -328,3 +361,163 @@ def test_a_model_without_a_subsample_plate_is_refused():
 
     with pytest.raises(ValueError, match="no subsample plate"):
         tune(full, jnp.zeros(10), budget=1.0)
+
+
+def regression(x, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    with numpyro.plate("data", x.shape[0], subsample_size=16) as idx:
+        numpyro.sample("y", dist.Normal(x[idx] @ w, s), obs=y[idx])
+
+
+@pytest.fixture(scope="module")
+def regression_data():
+    """``(x, y, setup)``: 500 rows of an 11-covariate regression and the set-up
+    (mode, dense preconditioner, control-variate centre) its kernels share."""
+    from numpyro_sgbd import SGLD
+    from numpyro_sgbd.validation import warmup_elsewhere
+
+    kx, ky = jax.random.split(jax.random.key(5))
+    x = jax.random.normal(kx, (500, 11))
+    y = x @ jnp.linspace(-1.0, 1.0, 11) + 0.5 * jax.random.normal(ky, (500,))
+    source = SGLD(regression, preconditioner="dense", gradient="control_variates")
+    with warmup_elsewhere():
+        source.init(jax.random.key(0), 0, None, (x, y), {})
+    return x, y, source.setup
+
+
+@pytest.mark.parametrize(
+    "sampler, gradient, n, options",
+    [
+        ("SGLD", "minibatch", 40, {}),
+        ("SGLD", "control_variates", 40, {}),
+        ("NOGIN", "control_variates", 40, {}),  # the full covariance (d = 12)
+        ("NOGIN", "minibatch", 8, dict(covariance="lowrank")),
+        ("NOGIN", "minibatch", 30, dict(covariance="diag")),
+    ],
+)
+def test_a_traced_subsample_size_is_the_kernels_estimate_of_that_size(
+    regression_data, sampler, gradient, n, options
+):
+    """The arms of one family share a program whose subsample size is traced
+    (tuning.sizes.SizedEstimator): n rows formed 16 at a time, the last pass
+    masked. On the same rows its gradient, potential, noise sd and noise
+    covariance must be those of the kernel's own estimator built for n (with
+    replace=True: both draw with replacement), with its N/n and its noise
+    factor. Exact up to float error: rtol 2e-4.
+
+    Injected bugs: the rows past n left unmasked (the estimate of 48 rows),
+    and the noise factor of the largest size instead of n's: both fail."""
+    from numpyro_sgbd.estimators import draw_indices, with_setup
+    from numpyro_sgbd.handlers import subsample_size
+    from numpyro_sgbd.tuning.arguments import SAMPLERS
+    from numpyro_sgbd.tuning.programs import setup_values
+    from numpyro_sgbd.tuning.sizes import SizedEstimator, rows_of
+    from numpyro_sgbd.validation import warmup_elsewhere
+
+    x, y, setup = regression_data
+    size, chunk = 500, 16
+
+    def kernel(model):
+        k = SAMPLERS[sampler](
+            model, preconditioner="dense", gradient=gradient, replace=True, **options
+        )
+        k.use_setup(setup)
+        with warmup_elsewhere():
+            k.init(jax.random.key(0), 0, None, (x, y), {})
+        return k
+
+    declared = kernel(regression)  # the family's kernel: the declared n = 16
+    own = kernel(subsample_size(regression, {"data": n}))
+    values = setup_values(declared, declared.preconditioner)
+    z = jax.tree.map(lambda v: v + 0.01, declared.setup.mode)
+    key = jax.random.key(3)
+    sized = SizedEstimator(
+        with_setup(declared.estimator, values), rows_of(n, chunk, size), chunk, 64
+    )
+    got = jax.jit(lambda key, z: sized.estimate(key, z, (x, y), {}))(key, z)
+
+    # The same rows: pass j draws `chunk` with the key fold_in(key, j).
+    passes = [
+        draw_indices(
+            jax.random.fold_in(key, j), size=size, subsample_size=chunk, replace=True
+        )
+        for j in range(-(-n // chunk))
+    ]
+    idx = {"data": jnp.concatenate(passes)[:n]}
+    est = with_setup(own.estimator, setup_values(own, declared.preconditioner))
+    if gradient == "control_variates":
+        plain = est.estimator
+        ref = plain.summarise(
+            *plain.evaluate_difference(z, est.centre, idx, (x, y), {})
+        )
+        ref = ref._replace(
+            z_grad=ref.z_grad + est.centre_grad,
+            potential_energy=ref.potential_energy + est.centre_potential,
+        )
+    else:
+        ref = est.summarise(*est.evaluate(z, idx, (x, y), {}))
+    np.testing.assert_allclose(got.z_grad, ref.z_grad, rtol=2e-4, atol=1e-3)
+    np.testing.assert_allclose(got.potential_energy, ref.potential_energy, rtol=2e-4)
+    if ref.noise_sd is not None:
+        np.testing.assert_allclose(got.noise_sd, ref.noise_sd, rtol=2e-4)
+    if ref.noise_cov is not None:
+        a, b = got.noise_cov, ref.noise_cov
+        if options.get("covariance") == "lowrank":  # C with zero columns past n
+            a, b = a @ a.T, b @ b.T
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-4 * float(jnp.max(b)))
+
+
+class _Compiles(logging.Handler):
+    """The names of the programs JAX compiles (its ``jax_log_compiles`` log,
+    which names each program as it lowers it for XLA, ahead of time or not)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("Compiling ") and " with global shapes" in message:
+            self.names.append(message.split(" ")[1])
+
+
+def test_one_program_per_sampler_family_whatever_its_sizes_and_steps(y):
+    """One sampler and estimator (a family) with three subsample sizes and two
+    step sizes, six arms: tune compiles one program that runs them (the step
+    program, ``run``), their start once, and the scorer's. The sizes' arms run
+    in separate calls of that program, each at its own cost: the smallest
+    size's arm takes more steps in its time than the largest's.
+
+    Injected bug: grouping the arms by subsample size as before (a kernel and
+    a program for each size) compiles three step programs (fails)."""
+    logger = logging.getLogger("jax")
+    budget, result = 10.0, None
+    for attempt in range(2):  # a budget refused on a slow machine: raised once
+        handler = _Compiles()
+        logger.addHandler(handler)
+        try:
+            with jax.log_compiles(True):
+                result = tune(
+                    model,
+                    y,
+                    budget=budget,
+                    samplers=["SGLD"],
+                    gradients=["control_variates"],
+                    subsample_sizes=[32, 64, 512],
+                    step_sizes=[0.5, 0.2],
+                    eta=10,  # one round
+                    rng_key=jax.random.key(1),
+                )
+        except ValueError as err:  # refused: the count below still says why
+            named = re.search(r"Pass budget >= ([0-9.]+) s", str(err))
+            budget = 1.5 * float(named.group(1))
+        finally:
+            logger.removeHandler(handler)
+        assert handler.names, "no compile was logged: JAX's log format changed?"
+        assert handler.names.count("jit(run)") == 1, handler.names
+        if result is not None:
+            break
+    assert result is not None
+    table = result.table.set_index(["subsample_size", "step_size"])
+    assert table.loc[(32, 0.5), "steps"] > table.loc[(512, 0.5), "steps"]

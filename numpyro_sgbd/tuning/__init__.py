@@ -9,8 +9,12 @@ keeps the best third and gives the survivors three times as long, until one is l
 :class:`~numpyro.infer.MCMC`, with a table of every arm in every round.
 
 Its arguments are checked in :mod:`~numpyro_sgbd.tuning.arguments`; the arms'
-chains (their shared set-up, kernels, compiled programs, timed runs and scores)
-are in :mod:`~numpyro_sgbd.tuning.chains`; here are the rounds.
+chains (their shared set-up, families and groups, timed runs) are in
+:mod:`~numpyro_sgbd.tuning.chains`, the compiled programs that start and run
+them in :mod:`~numpyro_sgbd.tuning.programs` (one per sampler family, the
+subsample size a traced value: :mod:`~numpyro_sgbd.tuning.sizes`), the scores in
+:mod:`~numpyro_sgbd.tuning.scoring` and the deadline in
+:mod:`~numpyro_sgbd.tuning.budget`; here are the rounds.
 """
 
 from dataclasses import dataclass, field
@@ -28,6 +32,7 @@ from numpyro_sgbd.tuning.arguments import (  # noqa: F401 (public here as before
     MIN_DRAWS,
     SAMPLERS,
     SCORES,
+    Arm,
     Settings,
     check_settings,
     plate_choice,
@@ -55,17 +60,6 @@ __all__ = ["Arm", "TuneResult", "tune"]
 logger = logging.getLogger("numpyro_sgbd")
 
 
-class Arm(NamedTuple):
-    """One configuration: the sampler (by name), the gradient estimator, the
-    subsample size n of the plate and the step size in the whitened coordinates u
-    (unit posterior scale; see :mod:`numpyro_sgbd.preconditioning`)."""
-
-    sampler: str
-    gradient: str
-    subsample_size: int
-    step_size: float
-
-
 @dataclass
 class TuneResult:
     """What :func:`tune` found.
@@ -89,12 +83,14 @@ class TuneResult:
     :ivar int rounds: the number of rounds, ``floor(log_eta M)`` (at least 1).
     :ivar dict seconds: wall-clock seconds by phase, all inside the budget:
         ``"setup"`` (mode search, preconditioner, control-variate centre, the
-        full-data score function), ``"compile"`` (each group's kernel ``init``
-        and compiled program, the scoring's programs, the timed records and
-        scoring call), ``"sampling"`` (the rounds' runs, masked chains of pruned
-        arms included), ``"scoring"`` (full-data scores and discrepancies) and
-        ``"total"``, from the call to the result (at most the budget, up to
-        small overruns).
+        score function), ``"compile"`` (each family's kernel, prepared without
+        compiling, and its program, the start of every chain, the scoring's
+        programs, the timed records and scoring call), ``"sampling"`` (the
+        rounds' runs, masked chains of pruned arms included), ``"scoring"``
+        (scores and discrepancies) and ``"total"``, from the call to the result
+        (at most the budget up to small overruns, or up to 5 s past the
+        deadline where set-up and compiling left the rounds too little: see
+        :func:`tune`, **Time**).
     :ivar float steps_per_second: the winner's steps per charged second.
     """
 
@@ -180,7 +176,7 @@ def tune(
     rng_key=None,
     num_draws=100,
     thinning=10,
-    scores="full",
+    scores="auto",
     vectorize=True,
     preconditioner="auto",
     chunk_size=4096,
@@ -211,14 +207,24 @@ def tune(
 
     **Time.** The deadline is the call's start plus ``budget``. The set-up (mode
     search, preconditioner, centre) is done once; then everything the rounds run
-    is compiled once: each group's program (the arms of one sampler, estimator and
+    is compiled once, in worker threads: one program per family (a sampler with
+    one gradient estimator), whose step size and subsample size are arguments,
+    one program that starts every chain (one draw of the Laplace
+    approximation, the first gradient estimate there once per estimator and
+    size), and the scoring's; one call of each group (a family's arms of one
     subsample size, as vectorised chains, one per step size, with
-    ``vectorize=True``) and the scoring's, and one call of each is timed. At the
-    start of each round the scoring still to come (predicted from the last timed
-    scoring) is kept back, and the rest is split equally among the rounds to
-    come; a round's share is split equally among its arms. An arm is charged its
+    ``vectorize=True``) is timed. A family's sizes run in calls of their own,
+    each costing what its minibatch costs (formed in passes of a fixed number
+    of rows, the last masked; :mod:`~numpyro_sgbd.tuning.sizes`). At the
+    start of each round the scoring still to come (predicted from the last
+    timed scoring) is kept back, and the rest is split equally among the
+    rounds to come, each round taking at least what its arms need for 10 more
+    draws of the slowest (where set-up and compiling leave less than those
+    minimums, the rounds run them anyway if the result then comes at most 5 s,
+    and at most the budget, past the deadline, with a warning); a round's
+    share is split equally among its arms. An arm is charged its
     group's wall time divided by the number of live arms in the group: the
-    chains of pruned arms run on in their group's program, masked (neither
+    chains of pruned arms run on in their group's call, masked (neither
     recorded nor charged to them), so nothing compiles once the rounds start.
     ``result.seconds`` reports set-up, compiling, sampling and scoring apart.
 
@@ -250,20 +256,27 @@ def tune(
     :param int num_draws: draws per arm in its discrepancy (at least 10).
     :param int thinning: steps between recorded draws.
     :param str scores: ``"full"`` (the full-data score at each scored draw,
-        computed in chunks of ``chunk_size`` rows) or ``"minibatch"`` (the
-        stochastic KSD of the tuning paper's Appendix B.2: a minibatch estimate at
+        computed in chunks of ``chunk_size`` rows), ``"subset"`` (its control
+        variate estimate around the mode on a fixed random subset of 8,192 rows,
+        the same for every arm: :class:`~numpyro_sgbd.tuning.scoring.Subset`),
+        ``"auto"`` (the default: ``"full"`` up to 8,192 rows, ``"subset"``
+        above, with one subsample plate) or ``"minibatch"`` (the stochastic KSD
+        of the tuning paper's Appendix B.2: the arm's own minibatch estimate at
         each recorded draw; cheaper, noisier).
-    :param bool vectorize: run an estimator's step sizes as vectorised chains.
+    :param bool vectorize: run a family's step sizes of one subsample size as
+        vectorised chains (one call of its program for them all); ``False``:
+        one call for each arm, of the same program.
     :param str preconditioner: ``"auto"``, ``"dense"``, ``"lowrank"`` or
         ``"diagonal"`` (see :class:`~numpyro_sgbd.SGBD`).
     :param int chunk_size: data rows per chunk of full-data passes.
     :param model_kwargs: the model's keyword arguments.
     :return: a :class:`TuneResult`.
     :raises ValueError: for bad arguments (before any compiling), and when what
-        set-up, compiling and the predicted scoring leave of the budget gives the
-        slowest arm fewer than 10 recorded draws in round 0 (after compiling,
-        which measures the step and scoring times, before any arm runs; the
-        message names the budget that would do).
+        set-up, compiling and the predicted scoring leave of the budget (and
+        up to 5 s past the deadline) cannot give the slowest arm 10 more
+        recorded draws in each round (after compiling, which measures the step
+        and scoring times, before any arm runs; the message names the budget
+        that would do).
 
     **References**
 
@@ -281,7 +294,7 @@ def tune(
     ...     with numpyro.plate("data", y.shape[0], subsample_size=32) as idx:
     ...         numpyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
     >>> y = 1.0 + jax.random.normal(jax.random.key(0), (2000,))
-    >>> result = tune(model, y, budget=12.0, samplers=["SGLD"],
+    >>> result = tune(model, y, budget=20.0, samplers=["SGLD"],
     ...               gradients=["minibatch"], subsample_sizes=[32],
     ...               step_sizes=[0.4, 1e-3, 1e-5])
     >>> result.arm.step_size  # 1e-3 barely moves; 1e-5 not at all
@@ -323,18 +336,19 @@ def tune(
     # time four records of each group and one scoring call (uncharged), so a
     # budget too small for round 0 is refused before any arm runs.
     t0 = time.perf_counter()
-    key_init, key_score = random.split(rng_key)
+    # One key for both: the start splits it in its program, the scorer folds
+    # each arm's index into it in its own (no eager op compiles here).
     factories = dict(entries)
-    recording = Recording(shared, settings.thinning, settings.scores == "minibatch")
-    scorer = Scorer(shared, settings, arms, key_score)
+    recording = Recording(shared, settings.thinning, shared.scores == "minibatch")
+    scorer = Scorer(shared, settings, arms, rng_key)
     groups, kernels, status, per_record = ready_groups(
-        arms, factories, problem, recording, settings, key_init, scorer, started
+        arms, factories, problem, recording, settings, rng_key, scorer
     )
     seconds["compile"] = time.perf_counter() - t0
-    live = {a for g in groups for a in g.arms}
+    live = {a for g in groups for a in g.arms if a not in status}
     counts = arms_per_round(len(live), rounds, settings.eta)
     deadline = Deadline(settings.budget, started, counts, scorer)
-    check_budget(groups, per_record, settings, deadline)
+    check_budget(groups, live, per_record, settings, deadline)
 
     plan = _Plan(rounds, settings, shared, scorer, deadline)
     records = Records.start(groups, settings.num_draws)
@@ -414,9 +428,10 @@ class _Round(NamedTuple):
 def _rounds(groups, live, plan, records, per_record, seconds):
     """``(last round, table rows)``: every round in turn, each one's sampling
     and scoring seconds added to ``seconds``."""
-    rows = []
+    rows, out = [], None
     for i in range(plan.rounds):
-        out = _round(i, groups, live, plan, records, per_record)
+        known = {} if out is None else out.values
+        out = _round(i, groups, live, plan, records, per_record, known)
         live = out.survivors
         rows += out.rows
         for phase, spent in out.seconds.items():
@@ -424,7 +439,7 @@ def _rounds(groups, live, plan, records, per_record, seconds):
     return out, rows
 
 
-def _round(i, groups, live, plan, records, per_record):
+def _round(i, groups, live, plan, records, per_record, known):
     """Round ``i``: every arm of ``live`` charged an equal share of the round's
     sampling time (:meth:`Deadline.sampling`: what is left of the budget after
     the scoring to come, split over the rounds to come), continuing its chain
@@ -447,9 +462,14 @@ def _round(i, groups, live, plan, records, per_record):
     sampling = time.perf_counter() - t_round
 
     t_score = time.perf_counter()
-    scored = {a: records.draws[a] for a in live if a not in records.stopped}
-    values = plan.scorer.score(scored)
-    values.update({a: math.inf for a in live if a in records.stopped})
+    if r == 0.0 and all(a in known for a in live):
+        # No new draws (a budget that left this round nothing): the last
+        # round's values stand, and its ranking.
+        values = {a: known[a] for a in live}
+    else:
+        scored = {a: records.draws[a] for a in live if a not in records.stopped}
+        values = plan.scorer.score(scored)
+        values.update({a: math.inf for a in live if a in records.stopped})
     scoring = time.perf_counter() - t_score
 
     alive = [a for a in plan.scorer.index if a in live]  # the table's order

@@ -19,12 +19,23 @@ from numpyro_sgbd.samplers import NOGIN, SGBD, SGHMC, SGLD, SGNHT
 #: The samplers :func:`~numpyro_sgbd.tuning.tune` knows by name, and its default set.
 SAMPLERS = {"SGBD": SGBD, "SGLD": SGLD, "SGHMC": SGHMC, "SGNHT": SGNHT, "NOGIN": NOGIN}
 METRICS = ("ksd", "fssd")
-SCORES = ("full", "minibatch")
+SCORES = ("auto", "full", "subset", "minibatch")
 #: Draws an arm must be able to record in round 0 for its discrepancy to mean
 #: anything; a budget that allows fewer is refused.
 MIN_DRAWS = 10
 _GRADIENTS = ("minibatch", "control_variates")
 _PRECONDITIONERS = ("auto", "dense", "lowrank", "diagonal")
+
+
+class Arm(NamedTuple):
+    """One configuration: the sampler (by name), the gradient estimator, the
+    subsample size n of the plate and the step size in the whitened coordinates u
+    (unit posterior scale; see :mod:`numpyro_sgbd.preconditioning`)."""
+
+    sampler: str
+    gradient: str
+    subsample_size: int
+    step_size: float
 
 
 class Settings(NamedTuple):

@@ -1,41 +1,49 @@
 """The arms' chains in :func:`~numpyro_sgbd.tuning.tune`: the set-up they share,
-their kernels and groups, the compiled programs that advance and record them, and
-the timed runs charged to each arm (the scores are in
+their families and groups, and the timed runs charged to each arm (the compiled
+programs are in :mod:`~numpyro_sgbd.tuning.programs`, the scores in
 :mod:`~numpyro_sgbd.tuning.scoring`).
 
 An arm's chain runs in the whitened coordinates u of the shared preconditioner,
-from the same draw of its Laplace approximation as every other arm. Arms that
-share a sampler, gradient estimator and subsample size share a kernel
-(:class:`_Group`), their chains vectorised over the step sizes in one program; the
-program advances them ``thinning`` steps per record and keeps each record's draw
-in u (and its minibatch score, for the stochastic KSD). A group keeps its program
-for every round, the chains of pruned arms masked, so nothing compiles once the
-rounds start.
+from the same draw of its Laplace approximation as every other arm. The arms of
+one sampler and gradient estimator are a family (:class:`_Family`): one kernel
+and one compiled program, whatever their step and subsample sizes (both are
+arguments of the program). A family's arms of one subsample size are a group
+(:class:`_Group`): their chains, one per step size, run vectorised in one call
+of the program, which advances them ``thinning`` steps per record and keeps each
+record's draw in u (and its minibatch score, for the stochastic KSD). The groups
+of a size run in calls of their own, so that an arm's time is what its own size
+costs. A group keeps its chains for every round, those of pruned arms masked,
+so nothing compiles once the rounds start.
 """
 
-from concurrent.futures import ThreadPoolExecutor
 import math
-import os
 import time
 from typing import Callable, NamedTuple
 
 import jax
-from jax import lax, random
-from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgbd.estimators import split_arrays
+from numpyro_sgbd.estimators import ControlVariateEstimator, split_arrays
 from numpyro_sgbd.handlers import subsample_size
 from numpyro_sgbd.modes import full_data_objective
 from numpyro_sgbd.samplers import SGLD
-from numpyro_sgbd.tuning.arguments import constructor_accepts
-from numpyro_sgbd.validation import warmup_elsewhere
+from numpyro_sgbd.tuning.arguments import Arm, constructor_accepts
+from numpyro_sgbd.tuning.programs import (
+    BUFFER,
+    ONCE,
+    QUICK,
+    Compiler,
+    prepare_kernel,
+    record_program,
+    setup_values,
+    start_program,
+)
+from numpyro_sgbd.tuning.scoring import SUBSET_ROWS, Subset
+from numpyro_sgbd.tuning.sizes import Rows, pass_rows, rows_of, sized_supported
 
 #: Records kept per arm before its stride doubles (memory O(this x d) per arm).
 _KEEP_FACTOR = 8
-#: Records per compiled call at most.
-_BUFFER = 256
 
 
 class Problem(NamedTuple):
@@ -65,6 +73,11 @@ class Shared(NamedTuple):
     rebuild: Callable
     #: The full-data objective (``scores="full"``), else ``None``.
     objective: object
+    #: The scores the arms are rated by: ``"full"``, ``"subset"`` or
+    #: ``"minibatch"`` (``"auto"`` resolved).
+    scores: str = "full"
+    #: The :class:`~numpyro_sgbd.tuning.scoring.Subset` of ``scores="subset"``.
+    subset: object = None
 
 
 class Recording(NamedTuple):
@@ -133,31 +146,53 @@ class Records(NamedTuple):
         return cls(draws, {a: 0.0 for a in draws}, {a: 0 for a in draws}, set())
 
 
-class _Group:
-    """Arms that share a sampler, gradient estimator and subsample size: one
-    kernel, its chains vectorised over the step sizes (or one arm each when
-    ``vectorize=False``). The group keeps its chains for good: a pruned arm's
-    chain still runs in the program (masked: neither recorded nor charged), so
-    one program per group serves every round."""
+class _Family(NamedTuple):
+    """The arms of one sampler and gradient estimator: its kernels (one, shared
+    by every subsample size, where the sizes are traced: ``sized`` is then
+    ``(chunk, columns)`` of :class:`~numpyro_sgbd.tuning.sizes.SizedEstimator`;
+    else one per size, each with its own program), its subsample sizes and
+    its step sizes."""
 
-    def __init__(self, kernel, arms, state):
-        self.kernel = kernel
+    name: str
+    gradient: str
+    kernels: list
+    sized: tuple
+    sizes: list
+    steps: tuple
+
+
+class _Group:
+    """The chains of one family at one subsample size that run in one call of
+    the family's program: one per step size (or one arm when
+    ``vectorize=False``). The group keeps its chains for good: a pruned arm's
+    chain, or one whose step broke its noise bound at the start, still runs in
+    the call (masked: neither recorded nor charged), so one program serves
+    every round."""
+
+    def __init__(self, family, size, arms):
+        self.family = family
+        #: The index of the subsample size in ``family.sizes``.
+        self.size = size
         self.arms = list(arms)
-        self.state = state
-        #: The compiled program (:func:`record_program`), or its future.
+        self.kernel = family.kernels[size]
+        #: The subsample size as the program takes it.
+        self.rows = None
+        self.state = None
+        #: The compiled program (:func:`~numpyro_sgbd.tuning.programs.record_program`).
         self.program = None
 
-
-def _slice_state(state, keep):
-    keep = jnp.asarray(keep)
-    return jax.tree.map(lambda x: x[keep], state)
+    def run(self, num_records, arrays):
+        return self.program(self.state, self.rows, num_records, arrays)
 
 
 # ------------------------------------------------------ set-up and the groups
 def shared_setup(problem, gradients, settings, rng_key):
     """The mode, preconditioner and control-variate centre every arm uses, found
     once by an SGLD kernel's ``init`` (control variates' centre where any arm
-    uses them), and the full-data objective for ``scores="full"``."""
+    uses them), and what the scores need: ``scores="auto"`` resolved (the
+    full-data scores up to :data:`~numpyro_sgbd.tuning.scoring.SUBSET_ROWS`
+    rows, control-variate scores on a subset of that many above), the
+    full-data objective or the :class:`~numpyro_sgbd.tuning.scoring.Subset`."""
     model, model_args, model_kwargs, _ = problem
     source = SGLD(
         model,
@@ -167,24 +202,63 @@ def shared_setup(problem, gradients, settings, rng_key):
         ),
         chunk_size=settings.chunk_size,
     )
-    with warmup_elsewhere():  # the arms' steps are set below
-        source.init(rng_key, 0, None, model_args, model_kwargs)
+    # The search alone: no chain of its own (the arms' start is the start
+    # program's), so no initial state compiles.
+    prepare_kernel(source, problem, None)
     form = source.adaptation_info["preconditioner"]
     pre = source.preconditioner
     d = int(pre.loc.shape[0])
     arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
-    objective = None
-    if settings.scores == "full":
+    scores = _resolved_scores(settings.scores, source.estimator)
+    objective = subset = None
+    if scores == "full":
         objective = full_data_objective(
             model, model_args, model_kwargs, chunk_size=settings.chunk_size
         )
-    return Shared(source, form, pre, d, arrays, rebuild, objective)
+    elif scores == "subset":
+        subset = Subset(source, problem, SUBSET_ROWS)
+    return Shared(source, form, pre, d, arrays, rebuild, objective, scores, subset)
+
+
+def _resolved_scores(scores, estimator):
+    """``scores`` with ``"auto"`` resolved for the set-up's ``estimator``: the
+    subset's scores above :data:`~numpyro_sgbd.tuning.scoring.SUBSET_ROWS`
+    rows of one plate (where the estimator can form them), else full-data."""
+    if scores == "subset" and not _subset_supported(estimator):
+        raise ValueError(
+            "scores='subset' needs one subsample plate without local or "
+            "enumerated sites and unsharded data; use scores='full'."
+        )
+    if scores != "auto":
+        return scores
+    if not _subset_supported(estimator):
+        return "full"
+    ((size, _, _),) = _plain(estimator).plates.values()
+    return "subset" if size > SUBSET_ROWS else "full"
+
+
+def _plain(estimator):
+    """The minibatch estimator (inside control variates)."""
+    if isinstance(estimator, ControlVariateEstimator):
+        return estimator.estimator
+    return estimator
+
+
+def _subset_supported(estimator):
+    plain = _plain(estimator)
+    return (
+        len(plain.plates) == 1
+        and plain.sharding is None
+        and not plain.local
+        and plain.enumerate_dim is None
+    )
 
 
 def _arm_kernel(factory, gradient, n, problem, shared, chunk_size):
-    """The kernel of a group: the sampler with its step a state field (set per
+    """A family's kernel: the sampler with its step a state field (set per
     chain), the shared preconditioner's form and set-up, on the model with
-    subsample size ``n`` (``None``: the declared sizes)."""
+    subsample size ``n`` (``None``: the declared sizes), prepared from the
+    model without compiling (:func:`~numpyro_sgbd.tuning.programs.prepare_kernel`)."""
     options = dict(
         step_size=None,
         gradient=gradient,
@@ -197,7 +271,41 @@ def _arm_kernel(factory, gradient, n, problem, shared, chunk_size):
     arm_model = model if n is None else subsample_size(model, {problem.plate: n})
     kernel = factory(arm_model, **options)
     kernel.use_setup(shared.source.setup)
-    return kernel
+    return prepare_kernel(kernel, problem, shared.source.setup.mode)
+
+
+def make_family(arms, factory, problem, shared, settings):
+    """The :class:`_Family` of ``arms``, those of one sampler and gradient
+    estimator (every combination of its sizes and steps). The subsample sizes
+    are traced where there are several and the estimator allows
+    (:func:`~numpyro_sgbd.tuning.sizes.sized_supported`): one kernel, on the
+    model as declared, serves them all."""
+    name, g = arms[0].sampler, arms[0].gradient
+    sizes = list(dict.fromkeys(a.subsample_size for a in arms))
+    steps = tuple(dict.fromkeys(a.step_size for a in arms))
+    chunk_size = settings.chunk_size
+    if len(sizes) > 1:
+        # On the model as declared: its sizes are the set-up's, whose tracing
+        # has compiled what preparing the kernel runs eagerly already.
+        kernel = _arm_kernel(factory, g, None, problem, shared, chunk_size)
+        if sized_supported(kernel.estimator):
+            rows = pass_rows(sizes, kernel.estimator, shared.d)
+            sized = (rows, max(sizes))
+            return _Family(name, g, [kernel] * len(sizes), sized, sizes, steps)
+    kernels = [_arm_kernel(factory, g, n, problem, shared, chunk_size) for n in sizes]
+    return _Family(name, g, kernels, None, sizes, steps)
+
+
+def make_groups(families, vectorize):
+    """The groups of chains that run: per family and size, its step sizes as
+    one group (``vectorize``) or one group each."""
+    groups = []
+    for family in families:
+        for i, n in enumerate(family.sizes):
+            arms = [Arm(family.name, family.gradient, n, h) for h in family.steps]
+            for part in [arms] if vectorize else [[a] for a in arms]:
+                groups.append(_Group(family, i, part))
+    return groups
 
 
 def _within_noise_bound(kernel, state, steps):
@@ -212,137 +320,104 @@ def _within_noise_bound(kernel, state, steps):
     return list(np.asarray(steps) * tau**2 <= 2 * value)
 
 
-def _start_chains(kernel, part, key_init, problem):
-    """``(state, ok)``: one chain per arm of ``part`` at its step size, and per
-    chain whether that step is within the sampler's noise bound. One key for every
-    chain: each arm starts from the same draw of the Laplace approximation
-    (common random numbers)."""
-    keys = jnp.broadcast_to(key_init, (len(part),) + key_init.shape)
-    with warmup_elsewhere():  # the arms' steps are set below
-        state = kernel.init(keys, 0, None, problem.model_args, problem.model_kwargs)
-    steps = jnp.asarray([a.step_size for a in part], state.step_size.dtype)
-    state = state._replace(step_size=steps)
-    return state, _within_noise_bound(kernel, state, steps)
+def _no_rows():
+    """The size argument of a program that ignores it (one kernel per size)."""
+    return Rows(np.int32(0), np.int32(0), np.zeros((), jnp.result_type(float)))
 
 
-def make_groups(arms, factories, problem, shared, settings, key_init, on_group):
-    """``(groups, kernels, status)``: the groups of chains that run, each arm's
-    kernel, and ``"noise bound"`` for the arms whose step breaks their sampler's
-    bound at the start (they do not run). ``on_group(group)`` is called as each
-    group is made (to start compiling its program while the next is made)."""
-    groups, kernels, status = [], {}, {}
-    for name, g, n in {(a.sampler, a.gradient, a.subsample_size): None for a in arms}:
-        members = [
-            a for a in arms if (a.sampler, a.gradient, a.subsample_size) == (name, g, n)
-        ]
-        kernel = _arm_kernel(
-            factories[name], g, n, problem, shared, settings.chunk_size
+def ready_groups(arms, factories, problem, recording, settings, rng_key, scorer):
+    """``(groups, kernels, status, per_record)``: the groups of chains, each arm's
+    kernel, ``"noise bound"`` for the arms whose step breaks their sampler's
+    bound at the start (they do not run), and each group's seconds per record
+    (:func:`time_records`). Everything the rounds run is compiled here, once,
+    in worker threads: one program per family (per family and size where the
+    sizes cannot be traced), the start of every chain, and the scorer's."""
+    shared = recording.shared
+    compiler = Compiler()
+    families, groups, inputs = [], [], []
+    for name, g in dict.fromkeys((a.sampler, a.gradient) for a in arms):
+        members = [a for a in arms if (a.sampler, a.gradient) == (name, g)]
+        family = make_family(members, factories[name], problem, shared, settings)
+        parts = make_groups([family], settings.vectorize)
+        inputs.append(_family_inputs(family, parts, shared))
+        families.append(family)
+        groups += parts
+    index = [(families.index(g.family), g.size) for g in groups]
+    values = [i.values for i in inputs]
+    rows = [i.rows for i in inputs]
+    steps = [h for i in inputs for h in i.steps]
+    start = start_program(families, index, shared)
+    start_args = (rng_key, values, rows, steps, shared.arrays)
+    states = jax.eval_shape(start, *start_args)  # the chains' shapes, nothing run
+    for group, state in zip(groups, states):
+        _add_program(compiler, families.index(group.family), group, state, recording)
+    compiler.add("start", start, start_args, ONCE)
+    compiler.add("scores", *scorer.program_job())
+    compiled = compiler.compile()
+    scorer.use(compiled["scores"])
+    states = compiled["start"](*start_args)
+    kernels, status = {}, {}
+    for group, state in zip(groups, states):
+        group.state = state
+        group.program = compiled[group.program]
+        steps_h = [a.step_size for a in group.arms]
+        ok = _within_noise_bound(group.kernel, state, steps_h)
+        for a, fine in zip(group.arms, ok):
+            kernels[a] = group.kernel
+            if not fine:
+                status[a] = "noise bound"
+    live = {a for g in groups for a in g.arms if a not in status}
+    per_record = time_records([g for g in groups if live & set(g.arms)], shared.arrays)
+    scorer.time_batch()
+    return groups, kernels, status, per_record
+
+
+class _Inputs(NamedTuple):
+    """What the start program takes for one family."""
+
+    values: object
+    rows: object
+    steps: list
+
+
+def _family_inputs(family, groups, shared):
+    """The start's inputs for ``family`` and its ``groups``: its set-up arrays,
+    its sizes (stacked :class:`~numpyro_sgbd.tuning.sizes.Rows`, ``None`` with
+    a kernel per size) and each group's step sizes; and each group's size as
+    its program takes it."""
+    values = setup_values(family.kernels[0], shared.pre)
+    rows = None
+    if family.sized is not None:
+        size = _plate_size(family)
+        each = [rows_of(n, family.sized[0], size) for n in family.sizes]
+        rows = jax.tree.map(lambda *x: np.stack(x), *each)
+    for group in groups:
+        group.rows = (
+            _no_rows()
+            if rows is None
+            else jax.tree.map(lambda x, i=group.size: x[i], rows)
         )
-        for a in members:
-            kernels[a] = kernel
-        for part in [members] if settings.vectorize else [[a] for a in members]:
-            state, ok = _start_chains(kernel, part, key_init, problem)
-            for a, fine in zip(part, ok):
-                if not fine:
-                    status[a] = "noise bound"
-            alive = [i for i, fine in enumerate(ok) if fine]
-            if not alive:
-                continue
-            if len(alive) < len(part):  # slicing compiles a gather per leaf
-                state = _slice_state(state, alive)
-            group = _Group(kernel, [part[i] for i in alive], state)
-            groups.append(group)
-            on_group(group)
-    return groups, kernels, status
+    steps = [np.asarray([a.step_size for a in g.arms]) for g in groups]
+    return _Inputs(values, rows, steps)
 
 
-# ------------------------------------------------------------ the programs
-def record_program(kernel, recording):
-    """``run(state, num_records, arrays) -> (state, xs, gs)``: the kernel's chains
-    advance ``num_records * thinning`` steps; ``xs`` holds the draws in u every
-    ``thinning`` steps (rows past ``num_records`` unused), ``gs`` the minibatch
-    scores there with ``scores="minibatch"``."""
-    sample = kernel.sample_kernel
-    shared, thinning = recording.shared, recording.thinning
-    pre, d = shared.pre, shared.d
-
-    def to_u(z):
-        return pre.to_u(ravel_pytree(z)[0])
-
-    def run(state, num_records, arrays):
-        args, kwargs = shared.rebuild(arrays)
-        k = jnp.shape(state.i)[0]
-        xs = jnp.zeros((_BUFFER, k, d), pre.loc.dtype)
-        gs = (
-            jnp.zeros((_BUFFER, k, d), pre.loc.dtype)
-            if recording.record_grads
-            else None
-        )
-
-        def minibatch_score(key, z, centre):
-            est = kernel.estimator.estimate(
-                random.fold_in(key, 7), z, args, kwargs, centre
-            )
-            return -ravel_pytree(est.z_grad)[0]
-
-        def record(j, carry):
-            state, xs, gs = carry
-            state = lax.fori_loop(
-                0, thinning, lambda _, s: sample(s, args, kwargs), state
-            )
-            xs = xs.at[j].set(jax.vmap(to_u)(state.z))
-            if gs is not None:
-                g = jax.vmap(minibatch_score)(state.rng_key, state.z, state.centre)
-                gs = gs.at[j].set(g)
-            return state, xs, gs
-
-        return lax.fori_loop(0, num_records, record, (state, xs, gs))
-
-    return run
+def _add_program(compiler, f, group, state, recording):
+    """Lower the program of ``group`` (of family ``f``, its chains' abstract
+    ``state``) for ``compiler``, unless lowered already: one per family and
+    lane count, or one per size where each size has its own kernel. The
+    group's ``program`` is its name."""
+    family, shared = group.family, recording.shared
+    key = (f, None if family.sized else group.size, len(group.arms))
+    group.program = key
+    if key not in compiler:
+        run = record_program(group.kernel, recording, family.sized)
+        compiler.add(key, run, (state, group.rows, 1, shared.arrays), QUICK)
 
 
-class _Compiler:
-    """Compiles the groups' programs in worker threads (XLA compiles outside
-    Python's lock) while the main thread makes the next group: one program per
-    kernel and number of chains, shared by the groups that have both."""
-
-    def __init__(self, recording, pool, deadline, num_kernels):
-        self.recording = recording
-        self.pool = pool
-        self.futures = {}
-        #: ``(budget, started)``: making groups past the budget is refused.
-        self.deadline = deadline
-        self.num_kernels = num_kernels
-        self.kernels = set()
-
-    def __call__(self, group):
-        self.kernels.add(id(group.kernel))
-        self._check_deadline()
-        key = (id(group.kernel), len(group.arms))
-        if key not in self.futures:
-            run = jax.jit(record_program(group.kernel, self.recording))
-            lowered = run.lower(group.state, 1, self.recording.shared.arrays)
-            self.futures[key] = self.pool.submit(lowered.compile)
-        group.program = self.futures[key]
-
-    def _check_deadline(self):
-        """Refuse the budget as soon as making the groups has used it up, with
-        what making all of them would take at this pace (rather than compile
-        the rest first and come back late)."""
-        budget, started = self.deadline
-        spent = time.perf_counter() - started
-        made = len(self.kernels)
-        if spent <= budget or made >= self.num_kernels:
-            return
-        projected = spent * self.num_kernels / made
-        raise ValueError(
-            f"budget={budget:g} s is wall time from the call to the result, and "
-            f"set-up and making {made} of the {self.num_kernels} kernels of the "
-            f"arms took {spent:.3g} s: making them all would take about "
-            f"{projected:.3g} s before any arm runs. Pass a budget well above "
-            f"{math.ceil(projected):d} s, or fewer arms (samplers, "
-            "subsample_sizes, gradients)."
-        )
+def _plate_size(family):
+    """N, the rows of the one plate whose size ``family``'s arms set."""
+    ((size, _, _),) = family.kernels[0].estimator.plates.values()
+    return size
 
 
 def time_records(groups, arrays):
@@ -351,37 +426,9 @@ def time_records(groups, arrays):
     per_record = {}
     for group in groups:
         t1 = time.perf_counter()
-        jax.block_until_ready(group.program(group.state, 4, arrays))
+        jax.block_until_ready(group.run(4, arrays))
         per_record[id(group)] = (time.perf_counter() - t1) / 4
     return per_record
-
-
-def ready_groups(
-    arms, factories, problem, recording, settings, key_init, scorer, started
-):
-    """``(groups, kernels, status, per_record)``: the groups of :func:`make_groups`
-    with their programs compiled (in threads, as the groups are made), the
-    scorer's programs compiled and one of its calls timed, and each group's
-    seconds per record (:func:`time_records`). Everything the rounds run is
-    compiled here, once. A ValueError as soon as the budget (from ``started``)
-    runs out while the groups are made."""
-    workers = max(1, os.cpu_count() or 1)
-    num_kernels = len({(a.sampler, a.gradient, a.subsample_size) for a in arms})
-    pool = ThreadPoolExecutor(max_workers=workers)
-    deadline = (settings.budget, started)
-    compiler = _Compiler(recording, pool, deadline, num_kernels)
-    try:
-        groups, kernels, status = make_groups(
-            arms, factories, problem, recording.shared, settings, key_init, compiler
-        )
-        scorer.warm_up()  # compiles in this thread while the workers compile
-        for group in groups:
-            group.program = group.program.result()
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    per_record = time_records(groups, recording.shared.arrays)
-    scorer.time_batch()
-    return groups, kernels, status, per_record
 
 
 def _run_group(group, live, r, arrays, per_record, records, thinning):
@@ -395,11 +442,13 @@ def _run_group(group, live, r, arrays, per_record, records, thinning):
     t_rec = per_record[id(group)]
     while spent < r:
         want = (r - spent) * k / max(t_rec, 1e-9)
-        num = int(min(_BUFFER, max(1, math.ceil(want))))
+        num = int(min(BUFFER, max(1, math.ceil(want))))
         t0 = time.perf_counter()
-        state, xs, gs = group.program(group.state, num, arrays)
-        xs = np.asarray(xs[:num])
-        gs = None if gs is None else np.asarray(gs[:num])
+        state, xs, gs = group.run(num, arrays)
+        # Sliced on the host: slicing the device array compiles a program
+        # for each length.
+        xs = np.asarray(xs)[:num]
+        gs = None if gs is None else np.asarray(gs)[:num]
         wall = time.perf_counter() - t0
         group.state = state
         t_rec = wall / num
