@@ -52,7 +52,7 @@ __all__ = ["Centre", "SGState", "family_state", "wall_time"]
 
 logger = logging.getLogger("numpyro_sgbd")
 
-_PROGRAMS = ("init", "init_params", "postprocess", "start")
+_PROGRAMS = ("init", "init_params", "postprocess", "start", "steps")
 
 
 class _SGKernel(ModelSide, Monitored, MCMCKernel):
@@ -130,7 +130,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         # Whether the last `init` saw traced model arguments (inside the user's
         # jax.jit): its data-derived values must not outlive it (`_sample_fn`).
         self._traced_setup = False
-        self._programs = {name: Programs() for name in _PROGRAMS}
+        self._programs = {name: Programs(name != "steps") for name in _PROGRAMS}
         self._diagnostics = (0, "")
         # The host side of the run checks: see numpyro_sgbd.monitoring.
         self._monitor = Monitor()
@@ -299,10 +299,32 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         trace = getattr(state, "trace", None)
         if trace is not None:
             state = state._replace(trace=None)
-        recentre = None if self._recentre_every is None else self._recentre
-        steps = core.repeat(self._sample_impl, self._num_steps, recentre)
-        new_state = steps(state, model_args, model_kwargs)
+        new_state = self._steps_program(model_args, model_kwargs)(state)
         return after_sample(self, state, new_state, trace)
+
+    def _steps_program(self, model_args, model_kwargs):
+        """One sample's steps as a ``jit`` of its own, kept per argument
+        structure, monitoring mode and chain layout: NumPyro traces its sampling
+        loop again on every run, and a kept ``jit`` is not traced again inside
+        it (a later fit's loop only lowers the step). The data are arguments and
+        the set-up is in the state, so the program is the same for any data of
+        these shapes."""
+
+        def make(rebuild):
+            recentre = None if self._recentre_every is None else self._recentre
+            steps = core.repeat(self._sample_impl, self._num_steps, recentre)
+
+            def run(state, arrays):
+                args, kwargs, _ = rebuild(arrays)
+                return steps(state, args, kwargs)
+
+            return run
+
+        how = (mode(), self._batched)
+        fn, arrays = self._programs["steps"].over_data(
+            make, model_args, model_kwargs, how
+        )
+        return lambda state: fn(state, arrays)
 
     def _run_facts(self):
         """What this run was set up with, for :mod:`~numpyro_sgbd.advice`."""

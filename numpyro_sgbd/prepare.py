@@ -88,15 +88,17 @@ class Programs:
     """Compiled programs that run once per set-up (the initial search, the
     initial state, the constrained values NumPyro sizes its buffers with, the
     Laplace start), kept for the last argument structure; a pickled copy keeps
-    none."""
+    none. ``once=False`` for a program that runs many times (a sample's steps):
+    plain ``jax.jit``, never XLA's lowest optimisation level."""
 
-    def __init__(self):
-        self._key, self._fn = None, None
+    def __init__(self, once=True):
+        self._key, self._fn, self._once = None, None, once
 
     def get(self, key, build):
         """The program for ``key``: kept, or ``jit_once(build())``."""
         if self._fn is None or key is None or key != self._key:
-            self._key, self._fn = key, jit_once(build())
+            jit = jit_once if self._once else jax.jit
+            self._key, self._fn = key, jit(build())
         return self._fn
 
     def over_data(self, make, *trees):
@@ -113,7 +115,7 @@ class Programs:
         self._key, self._fn = None, None
 
     def __getstate__(self):
-        return {"_key": None, "_fn": None}
+        return {"_key": None, "_fn": None, "_once": self._once}
 
 
 class ModelInfo(NamedTuple):
