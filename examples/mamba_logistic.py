@@ -544,6 +544,13 @@ def parse_args(argv=None):
         help="e.g. SGLD:minibatch,SGBD:control_variates",
     )
     parser.add_argument("--tune-budget", type=float, default=None, help="seconds")
+    parser.add_argument(
+        "--subsample-fractions",
+        type=float,
+        nargs="+",
+        default=None,
+        help="tune's subsample sizes as fractions of N (default 0.001 0.01 0.1)",
+    )
     parser.add_argument("--sample-seconds", type=float, default=None)
     parser.add_argument("--eta", type=int, default=None)
     parser.add_argument(
@@ -575,7 +582,9 @@ def parse_args(argv=None):
             setattr(args, name, value)
     if args.subsample_size is None:
         args.subsample_size = max(2, args.num_data // 100)
-    fractions = QUICK_SUBSAMPLE_FRACTIONS if quick else SUBSAMPLE_FRACTIONS
+    fractions = args.subsample_fractions or (
+        QUICK_SUBSAMPLE_FRACTIONS if quick else SUBSAMPLE_FRACTIONS
+    )
     args.tune_subsample_sizes = [max(2, int(f * args.num_data)) for f in fractions]
     if args.cache_dir is None:
         args.cache_dir = args.out / "cache"
