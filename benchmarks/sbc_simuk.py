@@ -18,8 +18,8 @@ names a directory (give a new one) for JAX's persistent compilation cache and
 the pattern docs/usage.rst gives for repeated fits. ``--thinning`` (default 10)
 keeps every 10th of the 2,000 draws, as Talts et al. (2018, Section 5.1)
 advise: ranks among autocorrelated draws are not uniform even for an exact
-sampler, and simuk's ranking costs a Python step per kept draw. Printed: the wall seconds
-of the whole SBC run, simuk's own work included (issue 59's target for 60
+sampler, and simuk's ranking costs a Python step per kept draw. Printed: the
+wall seconds of the whole SBC run, simuk's own work included (issue 59's target for 60
 simulations: 1/3 of the 64-79 s they took before), of all the fits and of
 simuk's ``compute_rank_statistics`` (a Python loop over every draw of every
 fit, after the last); each fit's seconds (simuk's ``MCMC`` and ``run`` and the
@@ -133,9 +133,7 @@ def main(argv=None):
     warnings.simplefilter("ignore")  # short runs: the convergence check speaks
     start = time.perf_counter()
     with pattern(args):
-        sbc, seconds, rank_seconds = run(
-            args.sampler, args.simulations, args.thinning
-        )
+        sbc, seconds, rank_seconds = run(args.sampler, args.simulations, args.thinning)
     wall = time.perf_counter() - start
     later = float(np.mean(seconds[1:]))
     print(
@@ -147,7 +145,9 @@ def main(argv=None):
         f"{args.sampler}: fits after the first {later:.2f} s / the first "
         f"{seconds[0]:.2f} s = {later / seconds[0]:.2f}"
     )
-    p = ", ".join(f"w[{k}] {v:.2f}" for k, v in enumerate(rank_p_values(sbc, args.thinning)))
+    p = ", ".join(
+        f"w[{k}] {v:.2f}" for k, v in enumerate(rank_p_values(sbc, args.thinning))
+    )
     print(f"ranks' chi-square p-values (10 bins): {p}")
 
 

@@ -205,11 +205,13 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
             preconditioner=preconditioner,
         )
 
-    def _kernel_fns(self, values):
+    def _kernel_fns(self, values, estimator=None):
         """The core's ``(init_kernel, sample_kernel)`` for this kernel's family,
         estimator and adaptation (:func:`core.build_kernel`), reading L and the
-        centre from ``values`` (a chain's ``state.setup``)."""
-        estimator = with_setup(self._estimator, values)
+        centre from ``values`` (a chain's ``state.setup``); ``estimator`` in
+        place of the kernel's own where given (``tune``'s sized estimates)."""
+        if estimator is None:
+            estimator = with_setup(self._estimator, values)
         return core.build_kernel(
             self._family(),
             estimator.estimate,

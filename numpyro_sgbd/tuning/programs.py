@@ -29,7 +29,6 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 
-from numpyro_sgbd import core
 from numpyro_sgbd.estimators import ControlVariateEstimator, with_setup
 from numpyro_sgbd.state import SetupArrays
 from numpyro_sgbd.tuning.sizes import SizedEstimator
@@ -89,16 +88,7 @@ def pure_pair(kernel, values, estimator=None):
     ``estimator`` in place of the kernel's (the core's
     :func:`~numpyro_sgbd.core.build_kernel` over the kernel's family and
     adaptation, as the kernel builds its own)."""
-    if estimator is None:
-        return kernel._kernel_fns(values)
-    return core.build_kernel(
-        kernel._family(),
-        estimator.estimate,
-        estimator.initial_centre,
-        kernel._adaptation(values.preconditioner),
-        bound=lambda family, largest: kernel._noise_step_bound(largest),
-        allowed=kernel._step_allowed,
-    )
+    return kernel._kernel_fns(values, estimator)
 
 
 def _estimator(kernel, values, sized, rows):
