@@ -1,0 +1,116 @@
+"""Each sampler's discretisation bias law in the whitened coordinates u (issue 60,
+item 1): the stationary variance of its rule on a standard normal, as a function
+of the step.
+
+    python benchmarks/bias_laws.py                       # about 5 minutes on 2 cores
+    python benchmarks/bias_laws.py --samplers SGBD SGLD --fractions 0.5 1 2
+
+In u, where the step adapts, a well-set-up posterior is close to N(0, I). For
+each sampler this runs its rule on the potential U(z) = |z|^2 / 2 in d =
+``--dim`` independent coordinates (exact gradients: what remains is the
+discretisation alone, not the gradient noise) at steps ``--fractions`` times the
+sampler's default target in u (``Sampler.step_target()``), ``--num-samples``
+draws after ``--num-warmup`` at the target and 1 / fraction^2 times as many
+below it (a Langevin-type rule mixes in about 1 / h^2 steps). It prints the
+variance of the draws (the mean over the d coordinates, and its standard error
+across them), the relative error of the sds it implies, sqrt(var) - 1, and the
+weighted least-squares fit of var - 1 = c h^p over the steps h, p = 1
+(first-order rules) or 2, whichever fits: the law a default step would invert
+(the sds' bias about c h^p / 2). Known laws, for checking the script:
+unadjusted Langevin has var = 1 / (1 - h^2 / 4) (h = sigma, SGLD's
+parameterisation), so c = 1/4 for small h; BAOAB samples a harmonic potential's
+positions exactly (Leimkuhler & Matthews 2013), so c = 0.
+"""
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.infer import MCMC
+
+from numpyro_sgbd import BAOAB, NOGIN, SGBD, SGHMC, SGLD, SGNHT
+
+SAMPLERS = {
+    "SGBD": SGBD,
+    "SGLD": SGLD,
+    "NOGIN": NOGIN,
+    "SGHMC": SGHMC,
+    "SGNHT": SGNHT,
+    "BAOAB": BAOAB,
+}
+
+
+def potential(z):
+    return 0.5 * jnp.sum(z**2)
+
+
+def variance(sampler, step, fraction, args, key):
+    """``(mean variance over the coordinates, its standard error)``."""
+    kernel = SAMPLERS[sampler](potential_fn=potential, step_size=step)
+    longer = max(1.0, 1.0 / fraction**2)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=int(args.num_warmup * longer),
+        num_samples=int(args.num_samples * longer),
+        progress_bar=False,
+    )
+    mcmc.run(key, init_params=jnp.zeros(args.dim))
+    draws = np.asarray(mcmc.get_samples())
+    per = draws.var(axis=0, ddof=1)
+    return float(per.mean()), float(per.std(ddof=1) / np.sqrt(per.size))
+
+
+def law(steps, variances, errors, power):
+    """``(c, its standard error, chi-square)`` of var - 1 = c h^power, by least
+    squares through the origin weighted by the variances' standard errors."""
+    hp = np.asarray(steps) ** power
+    resid = np.asarray(variances) - 1.0
+    w = 1.0 / np.asarray(errors) ** 2
+    c = np.sum(w * hp * resid) / np.sum(w * hp**2)
+    chi2 = np.sum(w * (resid - c * hp) ** 2)
+    return float(c), float(1.0 / np.sqrt(np.sum(w * hp**2))), float(chi2)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
+    parser.add_argument(
+        "--fractions", nargs="+", type=float, default=[0.25, 0.5, 1.0, 1.5, 2.0]
+    )
+    parser.add_argument("--dim", type=int, default=100)
+    parser.add_argument("--num-warmup", type=int, default=2000)
+    parser.add_argument("--num-samples", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    key = jax.random.key(args.seed)
+    print(
+        f"d = {args.dim}, {args.num_warmup} + {args.num_samples} steps, exact gradients"
+    )
+    print(f"{'sampler':<8}{'target':>8}{'step':>9}{'var':>9}{'+-':>7}{'sd bias':>9}")
+    for sampler in args.samplers:
+        target = SAMPLERS[sampler].step_target()
+        steps, variances, errors = [], [], []
+        for fraction in args.fractions:
+            step = fraction * target
+            v, se = variance(sampler, step, fraction, args, key)
+            steps.append(step)
+            variances.append(v)
+            errors.append(se)
+            print(
+                f"{sampler:<8}{target:>8.3g}{step:>9.3g}{v:>9.4f}{se:>7.4f}"
+                f"{np.sqrt(v) - 1:>+9.4f}"
+            )
+        fits = {p: law(steps, variances, errors, p) for p in (1, 2)}
+        p = min(fits, key=lambda q: fits[q][2])
+        c, se, _ = fits[p]
+        chi2 = ", ".join(f"h^{q} {fits[q][2]:.1f}" for q in fits)
+        print(
+            f"{sampler:<8} law: var - 1 = ({c:.3f} +- {se:.3f}) h^{p} "
+            f"(chi-square {chi2}, {len(steps) - 1} dof); sd bias about "
+            f"{c / 2:.3f} h^{p}, {c / 2 * target**p:+.4f} at the target"
+        )
+
+
+if __name__ == "__main__":
+    main()
