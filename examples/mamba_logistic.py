@@ -77,6 +77,10 @@ Usage::
     # compiling and scoring each, three timed runs; NUTS's 2 x 11,000 steps about
     # half an hour, from 2 x 2,000 in 323 s, cached in --cache-dir for reruns).
     python examples/mamba_logistic.py --out out/mamba_logistic
+    # The paper's 10 s tune budget: every tune returns within 10 s on 2 cores on a
+    # grid of a tenth of the paper's subsample sizes (0.01, 0.1 and 1 % of N)
+    python examples/mamba_logistic.py --tune-budget 10 \\
+        --subsample-fractions 0.0001 0.001 0.01 --out out/table1_10s
     # N = 20,000, SGLD-minibatch and SGBD-control-variates only, budgets of 2 s:
     # 4 to 6 minutes on 2 busy cores (tune's fixed costs dominate)
     python examples/mamba_logistic.py --quick --out /tmp/mamba_logistic
