@@ -13,12 +13,11 @@ estimator and size, not once per kernel.
 
 The kernels' own pieces are reused as they are: each family's kernel is
 prepared from the model without compiling anything (:func:`prepare_kernel`),
-and its pure pair is the core's (:func:`numpyro_sgbd.core.build_kernel`) over
-the kernel's family and adaptation with the sized estimator in place of the
-kernel's own (:func:`pure_pair`). Both read the kernel's private methods (its
-``_build``, ``_prepare``, ``_family``, ``_adaptation``, ``_kernel_fns``): a
-kernel has no public way yet to be prepared without an initial state, or to
-give its pure pair with another estimator.
+and its pure pair is the kernel's own with the sized estimator in place of the
+kernel's estimator (:func:`pure_pair`). Both read the kernel's private methods
+(its ``_build``, ``_prepare``, ``_kernel_fns``): a kernel has no public way yet
+to be prepared without an initial state, or to give its pure pair with another
+estimator.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -84,10 +83,9 @@ def setup_values(kernel, pre):
 
 def pure_pair(kernel, values, estimator=None):
     """``(init_kernel, sample_kernel)`` of one chain of ``kernel``'s sampler, its
-    set-up read from ``values``: the kernel's own (its estimator), or with
-    ``estimator`` in place of the kernel's (the core's
-    :func:`~numpyro_sgbd.core.build_kernel` over the kernel's family and
-    adaptation, as the kernel builds its own)."""
+    set-up read from ``values``: the kernel's own
+    (:func:`~numpyro_sgbd.core.build_kernel` over its family and adaptation),
+    with ``estimator`` in place of the kernel's estimator where given."""
     return kernel._kernel_fns(values, estimator)
 
 
