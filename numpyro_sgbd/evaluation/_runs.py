@@ -152,7 +152,10 @@ def load_runs(reference_name, reference, runs, var_names):
 
 def pooled(draws, var_names):
     """``(names, flat)``: the scalar components of ``var_names`` in ``draws``,
-    named as ArviZ does, as one array (chain, draw, K)."""
+    named as ArviZ does, as one array (chain, draw, K) in float64: NumPy sums
+    an axis that is not the last one draw by draw, and in float32 the means of
+    200,000 draws of a coefficient near 1 with a posterior sd of 0.004 came out
+    up to 0.4 sd off (their sds up to 8 % off)."""
     parts = [components(v, draws[v]) for v in var_names]
     names = [n for ns, _ in parts for n in ns]
-    return names, np.concatenate([a for _, a in parts], axis=2)
+    return names, np.concatenate([a for _, a in parts], axis=2).astype(np.float64)
