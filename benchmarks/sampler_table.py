@@ -42,8 +42,12 @@ two forms):
   preconditioner straightens: the default path warns here, and the table shows
   by how much it is off.
 
-Columns: ``xi``, the relative error of the posterior sds, and ``max_bias``, the
-largest |mean - NUTS mean| / NUTS sd (:func:`numpyro_sgbd.compare`); ``floor_xi``,
+Columns: ``step``, the sampling step in the whitened coordinates (chosen for
+the run's length, ``numpyro_sgbd.discretisation``); ``xi``, the relative error
+of the posterior sds, ``est_xi``, the run's own estimate of it without NUTS
+(``kernel.error_estimate``: the rule's bias law at that step and the run's
+ESS), and ``max_bias``, the largest |mean - NUTS mean| / NUTS sd
+(:func:`numpyro_sgbd.compare`); ``floor_xi``,
 the xi that exact independent draws with the run's and the reference's ESS
 would show on average (``adaptation_accuracy.mc_floor``): a run is as good as
 its ESS allows when its xi is near that floor; ``min_ess``, the smallest bulk ESS
@@ -109,7 +113,9 @@ PROBLEMS = ("fertility", "default", "simulated", "faithful", "exam", "exam_nc")
 COLUMNS = [
     "problem",
     "sampler",
+    "step",
     "xi",
+    "est_xi",
     "max_bias",
     "floor_xi",
     "min_ess",
@@ -267,7 +273,8 @@ def run_problem(name, args):
                 jax.block_until_ready(mcmc.get_samples())
             except Exception as e:  # a refusal is a result: it goes in the table
                 print(f"{label}: {type(e).__name__}: {e}", flush=True)
-                rows.append([name, label] + [""] * 6 + [f"raised {type(e).__name__}"])
+                blank = [""] * (len(COLUMNS) - 3)
+                rows.append([name, label] + blank + [f"raised {type(e).__name__}"])
                 continue
         seconds[label] = time.perf_counter() - start
         runs[label] = mcmc
@@ -280,7 +287,8 @@ def run_problem(name, args):
     ref_rows = per.xs("reference", level="run")
     ref_ess = float(ref_rows["ess_bulk"].min())
     ref_seconds = float(ref.posterior.attrs.get("sampling_time", float("nan")))
-    nuts = [name, "NUTS", "", "", "", f"{ref_ess:.0f}", f"{ref_ess / ref_seconds:.1f}"]
+    nuts = [name, "NUTS"] + [""] * 5
+    nuts += [f"{ref_ess:.0f}", f"{ref_ess / ref_seconds:.1f}"]
     rows.insert(0, nuts + [f"{ref_seconds:.0f}", ""])
     rng = np.random.default_rng(0)
     for label in runs:
@@ -296,11 +304,15 @@ def run_problem(name, args):
         # A chain stopped at a non-finite value repeats one point: its ESS (and
         # the floor from it) says nothing.
         stopped = "non-finite" in warned[label]
+        step = float(np.max(np.asarray(runs[label].last_state.step_size)))
+        est_xi = float(summary["est_xi"])
         rows.append(
             [
                 name,
                 label,
+                f"{step:.3g}",
                 f"{float(summary['xi']):.3f}",
+                "" if np.isnan(est_xi) else f"{est_xi:.3f}",
                 f"{float(summary['max_bias_mean']):.2f}",
                 "" if stopped else f"{floor_xi:.3f}",
                 "" if stopped else f"{ess:.0f}",

@@ -29,7 +29,7 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 
-from numpyro_sgbd import preconditioning
+from numpyro_sgbd import discretisation, preconditioning
 from numpyro_sgbd.estimators import _finite_tree
 from numpyro_sgbd.estimators.base import GradientEstimate
 from numpyro_sgbd.local_sites import global_sites
@@ -44,6 +44,9 @@ __all__ = [
     "build_kernel",
     "global_sites",
     "gradient_at_end",
+    "NoiseParts",
+    "noise_sq",
+    "sampling_step",
     "scale_steps",
     "split_init_key",
     "guard",
@@ -63,7 +66,8 @@ class Adaptation(NamedTuple):
     :ivar float step_target: the step in u that an adapted step starts from and
         never exceeds.
     :ivar float sampling_fraction: the sampling step as a fraction of the step
-        warmup ends with.
+        warmup ends with, where the run's length or the rule's bias law is not
+        known (``bias_law`` or ``run_steps`` ``None``).
     :ivar scale_max: the largest scale s the windows may set (``None``: no bound).
     :ivar fixed_step: the given step size (per site without a preconditioner, a
         scalar in u with one), or ``None`` when the step is adapted (it is then
@@ -71,6 +75,12 @@ class Adaptation(NamedTuple):
     :ivar bool adapt_mass: whether the state carries re-estimated scales.
     :ivar preconditioner: the
         :class:`~numpyro_sgbd.preconditioning.Preconditioner`, or ``None``.
+    :ivar bias_law: the rule's :class:`~numpyro_sgbd.discretisation.BiasLaw`,
+        or ``None``.
+    :ivar run_steps: the sampling steps of the whole run (every chain's), or
+        ``None`` (a kernel driven by hand): with a bias law, the sampling step
+        is the smaller of warmup's and
+        :func:`~numpyro_sgbd.discretisation.run_step` for this many steps.
     """
 
     num_warmup: int
@@ -81,6 +91,8 @@ class Adaptation(NamedTuple):
     fixed_step: Any
     adapt_mass: bool
     preconditioner: Any
+    bias_law: Any = None
+    run_steps: Any = None
 
 
 class Family(NamedTuple):
@@ -224,7 +236,10 @@ def adapt_step(adaptation, state, allowed):
     scale windows close, if later) the step the noise allows now,
     ``allowed(state)``; then the smallest such step seen since; at the end of
     warmup that step times the sampling fraction, fixed from then on, so the
-    sampling chain is time-homogeneous. A given step is left alone."""
+    sampling chain is time-homogeneous. Where the rule's bias law and the run's
+    length are known, the sampling step is instead the smaller of that step and
+    the one the run's length asks for (:func:`sampling_step`). A given step is
+    left alone."""
     if state.step_size is None:
         return state
     num_warmup = adaptation.num_warmup
@@ -239,11 +254,46 @@ def adapt_step(adaptation, state, allowed):
             state.step_size,
         ),
     )
-    if adaptation.sampling_fraction != 1.0:  # once, as warmup's last state forms
+    if adaptation.bias_law is not None and adaptation.run_steps is not None:
+        step = jnp.where(
+            state.i == num_warmup, sampling_step(adaptation, state, step), step
+        )
+    elif adaptation.sampling_fraction != 1.0:  # once, as warmup's last state forms
         step = jnp.where(
             state.i == num_warmup, step * adaptation.sampling_fraction, step
         )
     return state._replace(step_size=step.astype(state.step_size.dtype))
+
+
+class NoiseParts(NamedTuple):
+    """The fields :func:`noise_sq` reads, for a state's fields taken apart."""
+
+    noise_sd: Any
+    scale: Any
+
+
+def noise_sq(state):
+    """The mean over coordinates of the squared gradient noise sd where the
+    step acts (in v = u / s with re-estimated scales), 0 where the state keeps
+    none (exact gradients)."""
+    noise_sd = getattr(state, "noise_sd", None)
+    if noise_sd is None:
+        return jnp.zeros((), jnp.result_type(float))
+    if state.scale is not None:
+        noise_sd = noise_sd * state.scale.scale
+    leaves = jax.tree.leaves(noise_sd)
+    total = sum(jnp.sum(jnp.square(x)) for x in leaves)
+    return total / sum(jnp.size(x) for x in leaves)
+
+
+def sampling_step(adaptation, state, step):
+    """The sampling step of a run of ``adaptation.run_steps`` steps: the smaller
+    of warmup's ``step`` and the step whose predicted sd bias is half the run's
+    predicted Monte Carlo error, at the run's own gradient noise
+    (:func:`~numpyro_sgbd.discretisation.run_step`)."""
+    law = adaptation.bias_law
+    planned = discretisation.run_step(law, noise_sq(state), adaptation.run_steps)
+    return jnp.minimum(step, planned.astype(step.dtype))
 
 
 def adapt_scale(adaptation, state):

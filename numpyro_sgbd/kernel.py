@@ -25,7 +25,7 @@ from numpyro_sgbd import advice, core, preconditioning
 from numpyro_sgbd.estimators import Centre, with_setup
 from numpyro_sgbd.local_sites import local_update
 from numpyro_sgbd.model_side import ModelSide
-from numpyro_sgbd.monitoring import Monitor, mode, wall_time
+from numpyro_sgbd.monitoring import Monitor, driving_mcmc, mode, wall_time
 from numpyro_sgbd.monitoring.checks import on_progress
 from numpyro_sgbd.monitoring.run import (
     Monitored,
@@ -53,6 +53,14 @@ __all__ = ["Centre", "SGState", "family_state", "wall_time"]
 logger = logging.getLogger("numpyro_sgbd")
 
 _PROGRAMS = ("init", "init_params", "postprocess", "start", "steps")
+
+
+def run_steps(mcmc, num_steps):
+    """The sampling steps of ``mcmc``'s run, every chain's (``num_steps`` SG
+    steps a sample), or ``None`` without an MCMC."""
+    if mcmc is None:
+        return None
+    return int(mcmc.num_samples) * int(mcmc.num_chains) * int(num_steps)
 
 
 class _SGKernel(ModelSide, Monitored, MCMCKernel):
@@ -122,6 +130,9 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         # Set by `init`: the run's warmup in steps, the model's plates, shapes and
         # evaluation rows, the estimator, the checked step and the compiled step.
         self._num_warmup = 0
+        # The sampling steps of the run `init` is called for, every chain's
+        # (`None` for a kernel driven by hand): see `core.sampling_step`.
+        self._run_steps = None
         self._plates, self._z_shapes, self._plate_deterministic = None, None, ()
         self._enumerate_dim, self._local = None, {}
         self.log_likelihood_indices = None
@@ -165,6 +176,11 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
     #: ``step_size=None`` warns when warmup ends with a step below this fraction
     #: of the kernel's target in u.
     _STEP_WARN_FRACTION = 0.1
+    #: The rule's discretisation bias law in u by variant
+    #: (:class:`~numpyro_sgbd.discretisation.BiasLaw`), from which the default
+    #: sampling step serves the run's length and a run states its own error; a
+    #: variant without one samples at ``_SAMPLING_FRACTION`` of warmup's step.
+    _BIAS_LAWS = {}
     #: ``allowed(state)``, the step the noise allows now, where a sampler bounds
     #: its step by its own statistic (NOGIN's damping); ``None``: the core's
     #: :func:`~numpyro_sgbd.core.step_allowed`.
@@ -176,6 +192,13 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         that ``step_size=None`` starts from and never exceeds, and that
         :func:`~numpyro_sgbd.tune`'s grid of steps is centred on."""
         return cls._STEP_TARGET
+
+    def bias_law(self):
+        """This kernel's :class:`~numpyro_sgbd.discretisation.BiasLaw` (its
+        variant's), or ``None`` where none is measured: NOGIN's and BAOAB's
+        rules sample a Gaussian's variances without a measurable bias, and
+        the recipe's depends on its ``diffusion``."""
+        return self._BIAS_LAWS.get(getattr(self, "_variant", None))
 
     @abstractmethod
     def _family(self):
@@ -203,6 +226,8 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
             fixed_step=self._step_size,
             adapt_mass=self._adapt_mass,
             preconditioner=preconditioner,
+            bias_law=self.bias_law(),
+            run_steps=self._run_steps,
         )
 
     def _kernel_fns(self, values, estimator=None):
@@ -250,6 +275,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         # In steps: `state.i` counts SG steps, num_steps of them per sample.
         self._num_warmup = int(num_warmup) * self._num_steps
+        self._run_steps = run_steps(driving_mcmc(self), self._num_steps)
         check_untransformed(has_tracer(rng_key), (model_args, model_kwargs))
         self._traced_setup = has_tracer((model_args, model_kwargs))
         # Inside pmap or the user's jax.jit, what the kernel keeps on itself is
@@ -322,7 +348,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
 
             return run
 
-        how = (mode(), self._batched)
+        how = (mode(), self._batched, self._num_warmup, self._run_steps)
         fn, arrays = self._programs["steps"].over_data(
             make, model_args, model_kwargs, how
         )

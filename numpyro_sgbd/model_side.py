@@ -355,14 +355,17 @@ class ModelSide:
 
         def make(rebuild):
             def init_from_arrays(rng_key, z, arrays):
-                args, kwargs, values = rebuild(arrays)
+                args, kwargs, values, _ = rebuild(arrays)
                 return self._init_state(rng_key, z, args, kwargs, values)
 
             return init_from_arrays
 
         programs = self._programs["init"]
         values = self._setup_arrays()
-        fn, arrays = programs.over_data(make, model_args, model_kwargs, values)
+        # The adaptation's static values are part of the key: a refit with
+        # another warmup or run length traces again.
+        static = (self._num_warmup, self._run_steps)
+        fn, arrays = programs.over_data(make, model_args, model_kwargs, values, static)
         return lambda rng_key, z: fn(rng_key, z, arrays)
 
     def _recentre(self, state, model_args, model_kwargs):

@@ -15,7 +15,7 @@ from numpyro.infer import MCMC
 import pytest
 
 import numpyro_sgbd
-from numpyro_sgbd import NOGIN, SGBD, SGLD, preconditioning
+from numpyro_sgbd import NOGIN, SGBD, SGLD, discretisation, preconditioning
 from numpyro_sgbd.evaluation.drift import drift
 
 # Our own numerics (no ArviZ, no NumPyro contract): CI's Python 3.12 run
@@ -109,10 +109,14 @@ def test_the_step_is_adapted_per_chain_and_fixed_after_warmup(adapted_run):
     assert np.all((steps > 0) & (steps <= kernel._STEP_TARGET))
     np.testing.assert_array_equal(np.asarray(mcmc.last_state.step_size), steps[:, -1])
     # A linear-Gaussian model: control variates leave no gradient noise, so warmup
-    # ends at the target and sampling runs at its fraction of it (SGBD: 0.35).
-    np.testing.assert_allclose(
-        steps[:, 0], kernel._STEP_TARGET * kernel._SAMPLING_FRACTION, rtol=1e-6
-    )
+    # ends at the target and sampling runs at the step the run's length asks
+    # for (2 chains x 12,000 steps; below the target for SGBD and SGLD).
+    # (The control variates' float32 rounding leaves a little noise, which can
+    # only lower the step.)
+    planned = discretisation.run_step(kernel.bias_law(), 0.0, 2 * 12_000)
+    expected = min(kernel._STEP_TARGET, float(planned))
+    np.testing.assert_allclose(steps[:, 0], expected, rtol=1e-2)
+    assert np.all(steps[:, 0] <= expected * (1 + 1e-6))
     assert kernel.adaptation_info["sampling_fraction"] == kernel._SAMPLING_FRACTION
     info = kernel.adaptation_info
     assert info["preconditioner"] == "dense" and info["mode_search"]["converged"]
@@ -330,17 +334,20 @@ def spike_runs():
 
 
 def test_adapted_scales_fix_a_laplace_approximation_that_is_too_narrow(spike_runs):
-    # Measured (seed 0): ESS 1,800 with the windows against 50 without, s 3.2-3.3
-    # per chain (posterior sd / Laplace sd = 3.7; the windows' shrinkage towards
-    # 1 keeps it below), mean 0.8 MCSE from the exact one, sd 3.5 % wide. With s
-    # applied inversely (steps step / s) the ESS falls below the unadapted one.
+    # Measured (seed 0): ESS 528 with the windows against 87 without (sampling
+    # at 0.34 in u, the run-length step of 20,000 steps; 507 against fewer than
+    # 51 at the old 0.35: the ESS of this two-scale posterior without the
+    # windows swings with the step), s 3.2-3.3 per chain (posterior sd /
+    # Laplace sd = 3.7; the windows' shrinkage towards 1 keeps it below). With
+    # s applied inversely (steps step / s) the ESS falls below the unadapted
+    # one.
     mean, sd = _spike_and_slab_posterior()
     kernel, mcmc, draws, ess = spike_runs[True]
     _, _, _, ess_fixed = spike_runs[False]
     assert kernel.adaptation_info["adapt_mass_matrix"]
     scale = np.asarray(mcmc.last_state.scale.scale)
     assert scale.shape == (2, 1) and np.all((scale > 2) & (scale < 5)), scale
-    assert ess > 10 * ess_fixed, (ess, ess_fixed)
+    assert ess > 4 * ess_fixed, (ess, ess_fixed)
     # The convergence check after sampling sees it too: the unadapted run's
     # ESS of 50 warns, the adapted one's does not (issue 43: slow mixing
     # without drift was silent).

@@ -131,6 +131,14 @@ def run_warnings(run):
     return ", ".join(map(str, kinds)) if kinds else "none"
 
 
+def error_estimate(run):
+    """The run's SG kernel's own error estimate (its ``error_estimate``), or
+    ``None`` (no law for its rule, NUTS, ArviZ data, plain draws)."""
+    if not isinstance(run, MCMC):
+        return None
+    return getattr(run.sampler, "error_estimate", None)
+
+
 def load_runs(reference_name, reference, runs, var_names):
     """``(loaded, var_names)``: :func:`load_run` of the reference (first) and of each
     run, by name, every one checked to hold the compared variables

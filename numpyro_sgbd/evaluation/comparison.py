@@ -6,11 +6,12 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from numpyro_sgbd import convergence
+from numpyro_sgbd import convergence, discretisation
 from numpyro_sgbd.evaluation import _arviz
 from numpyro_sgbd.evaluation._runs import (
     check_shapes,
     components,
+    error_estimate,
     load_run,
     load_runs,
     named_runs,
@@ -35,6 +36,7 @@ _KNOWN_STATS = {field for field, _, _ in _STATS} | {"z", "lp"}
 _SUMMARY = [
     "num_draws",
     "xi",
+    "est_xi",
     "max_bias_mean",
     "max_bias_var",
     "max_rel_bias_var",
@@ -58,7 +60,10 @@ class Comparison:
         ``|sd**2 / ref_sd**2 - 1|`` (scale-free), ``ess_bulk``, ``ess_tail`` and
         ``r_hat`` (NaN for a single chain).
     :ivar summary: one row per run, indexed by ``run``: ``num_draws``, ``xi`` (the
-        relative error of the posterior sds), ``max_bias_mean``, ``max_bias_var``,
+        relative error of the posterior sds), ``est_xi`` (the xi the run's SG
+        kernel expects from its own rule's bias law and the run's ESS, with no
+        reference: see :attr:`~numpyro_sgbd.SGBD.error_estimate`; NaN for
+        NUTS, ArviZ data and rules without a law), ``max_bias_mean``, ``max_bias_var``,
         ``max_rel_bias_var``, ``min_ess_bulk``, ``ess_per_s``, ``ksd``,
         ``sampling_time`` (seconds) and the
         sampler statistics the run recorded (``mean_potential_energy_estimate``,
@@ -299,6 +304,7 @@ def _summary_row(name, flat, scores, finite, is_ref, ref_sd, seconds, run):
         xi=np.nan
         if is_ref
         else float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd)),
+        est_xi=_estimated_xi(run, scores, finite),
         max_bias_mean=float(np.max(scores["bias_mean"])),
         max_bias_var=float(np.max(scores["bias_var"])),
         max_rel_bias_var=float(np.max(scores["rel_bias_var"])),
@@ -308,6 +314,21 @@ def _summary_row(name, flat, scores, finite, is_ref, ref_sd, seconds, run):
         sampling_time=np.nan if seconds is None else float(seconds),
         warnings=run_warnings(run),
     )
+
+
+def _estimated_xi(run, scores, finite):
+    """The xi the run's kernel expects without a reference: its rule's bias law
+    at the step it sampled at (``kernel.error_estimate["sd_bias"]``) beside the
+    Monte Carlo error of these components' bulk ESS over all the run's draws
+    (:func:`~numpyro_sgbd.discretisation.estimate`); NaN where the kernel has
+    no estimate."""
+    found = error_estimate(run)
+    if found is None or not finite:
+        return np.nan
+    ess = scores["ess"]["bulk"]
+    return discretisation.estimate(found["law"], found["step"], found["noise_sq"], ess)[
+        "xi"
+    ]
 
 
 def _run_ksd(name, source, draws, ksd_draws, ksd_scale, ksd_standardise):

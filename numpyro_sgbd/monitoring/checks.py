@@ -21,12 +21,13 @@ again warns no more.
 """
 
 from functools import partial
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgbd import advice
+from numpyro_sgbd import advice, core, discretisation
 from numpyro_sgbd.monitoring.notes import (
     _DRIFT_MIN_POINTS,
     _warn_nonfinite,
@@ -139,6 +140,7 @@ def check_run(kernel, state):
             run_check()
     if ended:
         _on_run_end(kernel, rows)
+        _error_estimate(kernel, state, take)
     return monitor.convergence
 
 
@@ -230,3 +232,67 @@ def _drift(kernel, rows, t_end):
         check_drift = partial(monitor.check_drift, kernel, i, blocks, every, coords)
         return [(i, "drift", check_drift)]
     return []
+
+
+def _sampling_step(kernel, state, take):
+    """Each checked chain's sampling step (in u with a preconditioner): the
+    state's, or the given scalar step; ``None`` for a step per site."""
+    if state.step_size is not None:
+        return np.asarray(take(state.step_size), float).reshape(-1)
+    given = kernel._step_size
+    if given is None or isinstance(given, dict) or np.ndim(given):
+        return None
+    return np.full(1, float(given))
+
+
+def _noise_sq(state, take):
+    """Each checked chain's mean squared gradient noise sd where its step acts
+    (:func:`~numpyro_sgbd.core.noise_sq`)."""
+    parts = (getattr(state, "noise_sd", None), state.scale)
+    if parts[0] is None:
+        return np.zeros(1)
+    chains = jax.tree.map(take, parts)
+    return np.asarray(jax.vmap(core.noise_sq)(core.NoiseParts(*chains)))
+
+
+def _error_estimate(kernel, state, take):
+    """The run's own error estimate once every chain of the run is in
+    (:func:`~numpyro_sgbd.discretisation.estimate`: the rule's bias law at the
+    step it sampled at, beside the Monte Carlo error of the checked
+    coordinates' bulk ESS), kept as ``kernel.error_estimate``; a warning when
+    the predicted bias exceeds the Monte Carlo error. The record keeps at most
+    ``TRACE_ROWS`` draws a chain: a coordinate whose ESS there is near that
+    cap mixes faster than the record resolves, and its ESS is taken from the
+    law's rate at the run's length (a h^q per step) where that is larger."""
+    monitor, law = kernel._monitor, kernel.bias_law()
+    found = monitor.convergence
+    if law is None or found is None or monitor.check.pending:
+        return
+    step = _sampling_step(kernel, state, take)
+    if step is None:
+        return
+    tau2 = float(np.mean(_noise_sq(state, take)))
+    h = float(np.max(step))
+    rows = found["num_chains"] * found["num_draws"]
+    ess = np.asarray(found["ess_bulk"], float)
+    steps = monitor.trace_plan.num_samples * kernel._num_steps * found["num_chains"]
+    by_law = law.ess_rate * steps * h**law.ess_order
+    ess = np.where(ess < 0.5 * rows, ess, np.maximum(ess, by_law))
+    found_now = discretisation.estimate(law, h, tau2, ess)
+    monitor.error_estimate = {"step": h, "noise_sq": tau2, "law": law, **found_now}
+    if found_now["sd_bias"] <= found_now["mc_error"]:
+        return
+    monitor.record_warning("bias")
+    warnings.warn(
+        f"{type(kernel).__name__} sampled at a step of {h:.3g} in the whitened "
+        f"coordinates, where its rule's bias law predicts sds "
+        f"{100 * found_now['sd_bias']:.1f} % wide: more than the run's Monte "
+        f"Carlo error of {100 * found_now['mc_error']:.1f} %, so the sds are off "
+        "by more than the draws can tell (estimated xi "
+        f"{found_now['xi']:.3f}). Pass step_size="
+        f"{found_now['step_for_mc']:.2g} (the bias then half the Monte Carlo "
+        "error), leave step_size=None, or use NOGIN, whose rule has no "
+        "measurable bias.",
+        RuntimeWarning,
+        stacklevel=2,
+    )

@@ -260,11 +260,14 @@ class Monitor:
         self.drift_warned = False
         self.step_checked = True
         #: The kinds of warning the last run gave ("nonfinite", "step", "drift",
-        #: "stall", "convergence"), in order; reset when a run starts.
+        #: "stall", "convergence", "bias"), in order; reset when a run starts.
         self.run_warnings = ()
         #: The convergence check's numbers after a run (see
         #: :func:`~numpyro_sgbd.monitoring.report`), or ``None``.
         self.convergence = None
+        #: The run's own error estimate after a run (see
+        #: :func:`~numpyro_sgbd.discretisation.estimate`), or ``None``.
+        self.error_estimate = None
         #: The run's :class:`~numpyro_sgbd.monitoring.TracePlan` and the check's
         #: pool of chains (:class:`~numpyro_sgbd.monitoring.ConvergenceCheck`).
         self.trace_plan = None
@@ -282,7 +285,7 @@ class Monitor:
     def new_record(self):
         """Forget the last run's warnings and checked chains: a run starts."""
         self.run_warnings, self.checked = (), set()
-        self.drift_warned = False
+        self.drift_warned, self.error_estimate = False, None
 
     def record_warning(self, kind):
         """Note that this run warned (``kind``: "step", "drift", ...), for the
@@ -312,6 +315,7 @@ class Monitor:
         other = Monitor()
         other.clock = list(self.clock)
         other.run_warnings, other.convergence = self.run_warnings, self.convergence
+        other.error_estimate = self.error_estimate
         other.trace_plan, other.mode = self.trace_plan, self.mode
         other.num_samples, other.checked = self.num_samples, set(self.checked)
         return other

@@ -53,12 +53,27 @@ class Monitored:
     @property
     def run_warnings(self):
         """The kinds of warning the last run gave (``"nonfinite"``, ``"step"``,
-        ``"drift"``, ``"stall"``, ``"convergence"``), in order."""
+        ``"drift"``, ``"stall"``, ``"convergence"``, ``"bias"``), in order."""
         return self._monitor.run_warnings
 
     @run_warnings.setter
     def run_warnings(self, kinds):
         self._monitor.run_warnings = tuple(kinds)
+
+    @property
+    def error_estimate(self):
+        """After an ``MCMC`` run and its check, where the rule has a bias law
+        (:meth:`bias_law`): the run's own error in its sds, without a
+        reference, as a dict: ``step`` (the sampling step, in u with a
+        preconditioner), ``noise_sq`` (the mean squared gradient noise sd
+        there), ``law``, ``sd_bias`` (the law's predicted relative bias of the
+        sds), ``mc_error`` (their relative Monte Carlo error from the run's bulk
+        ESS), ``xi`` (the expected relative error of the sds, both together:
+        :func:`~numpyro_sgbd.compare`'s xi without a reference) and
+        ``step_for_mc`` (the step whose bias would be half that Monte Carlo
+        error). See :mod:`numpyro_sgbd.discretisation`. ``None`` before a run
+        or without a law."""
+        return self._monitor.error_estimate
 
     @property
     def convergence(self):

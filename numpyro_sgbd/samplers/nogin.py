@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sgbd import core, monitoring
+from numpyro_sgbd.discretisation import BiasLaw
 from numpyro_sgbd.kernel import _SGKernel, logger
 from numpyro_sgbd.options import _check_positive, _check_positive_tree, _per_site
 from numpyro_sgbd.setup import dimension
@@ -415,6 +416,14 @@ class NOGIN(_SGKernel):
     # noise term's damping grows like h^2: the step is kept where it is <= 1
     # (Section 4.3: beyond it the momentum is cancelled every step).
     _STEP_TARGET = 0.5
+
+    def bias_law(self):
+        # The integrator samples a Gaussian's variances without a measurable
+        # bias: var - 1 = -0.002 +- 0.001 h on N(0, I) with exact gradients;
+        # median bulk ESS 0.42 h per step (benchmarks/bias_laws.py). The run's
+        # error estimate is then its Monte Carlo error.
+        return BiasLaw(0.0, 0.0, 1, 0.415, 1.0)
+
     _SCALE_MAX = 1.0
 
     def _step_allowed(self, state):

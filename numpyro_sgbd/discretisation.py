@@ -1,0 +1,111 @@
+"""The unadjusted rules' discretisation bias, the default sampling step that
+serves a run's length, and a run's own error estimate (the user guide's "How
+exact is a run"; measurements in ``benchmarks/results.md``, "Issue 60").
+
+An unadjusted rule does not sample the posterior: at a step h in the whitened
+coordinates u, where a well-set-up posterior is close to N(0, I), its
+stationary variances are about ``1 + (c + b tau^2) h^p``, with tau the gradient
+noise's sd in u (:class:`BiasLaw`, measured by ``benchmarks/bias_laws.py``:
+Barker's rule, SGBD paper Algorithm 2, and Langevin's are second order, p = 2;
+SGHMC's and SGNHT's Euler-type updates, recipe paper eq. 9 and Ding et al. 2014
+Algorithm 2, first order). The sds come out about ``(c + b tau^2) h^p / 2``
+too wide, whatever the run's length. The Monte Carlo error does shrink with the
+run: at a bulk ESS of ``a h^q`` per step, N steps estimate an sd with a relative
+error of about ``1 / sqrt(2 a N h^q)`` (the independent-draws formula with the
+bulk ESS, as :func:`~numpyro_sgbd.compare`'s Monte Carlo floor takes it).
+
+So a run of N steps samples at the step where the predicted bias is half the
+predicted Monte Carlo error (:func:`run_step`), or at warmup's step where that
+is smaller: a run five times longer samples at a step about ``5^(-1/6)`` as
+large (p = 2, q = 2) and its error keeps falling, which a fixed fraction of
+warmup's step cannot give (the bias of a fixed step is a floor the run never
+passes). After the run, :func:`estimate` puts the law's bias at the step the run
+sampled at beside the Monte Carlo error of the run's own ESS: the ``estimated
+xi`` that needs no reference.
+
+Every function takes JAX or NumPy scalars (:func:`run_step` runs inside the
+step, at the end of warmup, with the run's noise sd traced).
+"""
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["BiasLaw", "estimate", "mc_sd_error", "run_step", "sd_bias"]
+
+#: The predicted bias of the default sampling step as a fraction of the
+#: predicted Monte Carlo error (issue 60: "at most about half").
+BIAS_SHARE = 0.5
+
+
+class BiasLaw(NamedTuple):
+    """A rule's stationary variance on N(0, I) at step h in u with gradient
+    noise of sd tau, ``1 + (c + b tau^2) h^order``, and its bulk ESS per step,
+    ``ess_rate h^ess_order`` (the median over coordinates). Measured by
+    ``benchmarks/bias_laws.py`` (results in ``benchmarks/results.md``).
+
+    :ivar float c: the coefficient with exact gradients (its magnitude: SGNHT's
+        sds come out narrow).
+    :ivar float b: the gradient noise's share, per unit of (tau h)^order.
+    :ivar int order: p, 2 for Barker and Langevin, 1 for SGHMC and SGNHT.
+    :ivar float ess_rate: a in the bulk ESS per step a h^q.
+    :ivar float ess_order: q.
+    """
+
+    c: float
+    b: float
+    order: int
+    ess_rate: float
+    ess_order: float
+
+
+def sd_bias(law, step, tau2=0.0):
+    """The predicted relative error of the sds at ``step`` in u, with the mean
+    squared gradient noise sd ``tau2`` in u: ``(|c| + b tau^2) h^p / 2``."""
+    return 0.5 * (abs(law.c) + law.b * tau2) * step**law.order
+
+
+def mc_sd_error(ess):
+    """The relative Monte Carlo error of an sd estimated from draws of bulk ESS
+    ``ess``, ``1 / sqrt(2 ess)``."""
+    return 1.0 / np.sqrt(2.0 * np.asarray(ess, float))
+
+
+def run_step(law, tau2, num_steps, share=BIAS_SHARE):
+    """The step in u whose predicted sd bias (:func:`sd_bias`) is ``share`` of
+    the Monte Carlo error of ``num_steps`` steps at that step: ``C h^p = share
+    / sqrt(2 a N h^q)``, so ``h = (share / (C sqrt(2 a N)))^(1 / (p + q / 2))``
+    with ``C = (|c| + b tau^2) / 2``. ``tau2`` may be traced."""
+    coef = 0.5 * (abs(law.c) + law.b * tau2)
+    scale = coef * jnp.sqrt(2.0 * law.ess_rate * num_steps)
+    return (share / scale) ** (1.0 / (law.order + law.ess_order / 2.0))
+
+
+def estimate(law, step, tau2, ess):
+    """A run's own error in its sds, without a reference: the law's bias at the
+    step it sampled at and the Monte Carlo error of its bulk ESS ``ess`` (per
+    coordinate), as a dict:
+
+    - ``sd_bias``: the predicted relative bias of the sds, :func:`sd_bias`;
+    - ``mc_error``: the root mean square over coordinates of
+      :func:`mc_sd_error`;
+    - ``xi``: the expected relative error of the sds against the posterior's,
+      ``sqrt(sd_bias^2 + mc_error^2)`` (what ``compare``'s xi measures against
+      a reference);
+    - ``step_for_mc``: the step at which the bias would be half this Monte
+      Carlo error (what to pass as ``step_size`` to make the bias a small part
+      of the error).
+    """
+    ess = np.asarray(ess, float)
+    ess = ess[np.isfinite(ess) & (ess > 0)]
+    bias = float(sd_bias(law, float(step), float(tau2)))
+    mc = float(np.sqrt(np.mean(mc_sd_error(ess) ** 2))) if ess.size else np.nan
+    coef = 0.5 * (abs(law.c) + law.b * float(tau2))
+    step_for = (BIAS_SHARE * mc / coef) ** (1.0 / law.order) if coef > 0 else np.inf
+    return {
+        "sd_bias": bias,
+        "mc_error": mc,
+        "xi": float(np.hypot(bias, mc)),
+        "step_for_mc": float(step_for),
+    }
