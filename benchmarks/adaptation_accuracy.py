@@ -364,6 +364,24 @@ def mc_floor(ess_run, ess_ref, ref_sd, rng):
     return xi, bias
 
 
+def scored(mcmc, ref, rng):
+    """``(summary, floor_xi, floor_bias)``: the run's row of
+    :func:`~numpyro_sgbd.compare`'s summary against ``ref`` and its Monte Carlo
+    floor (:func:`mc_floor`)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = compare({"run": mcmc}, ref, ksd_draws=0)
+    per = table.per_parameter
+    rows, ref_rows = per.xs("run", level="run"), per.xs("reference", level="run")
+    floor_xi, floor_bias = mc_floor(
+        rows["ess_bulk"].to_numpy(),
+        ref_rows["ess_bulk"].to_numpy(),
+        ref_rows["sd"].to_numpy(),
+        rng,
+    )
+    return table.summary.loc["run"], floor_xi, floor_bias
+
+
 def run_problem(name, args, rows, notes):
     spec = problem(name, args.quick)
     print(f"\n## {name}: {spec['description']}", flush=True)

@@ -36,7 +36,6 @@ from numpyro_sgbd import (  # noqa: E402
     NOGIN,
     SGBD,
     SGLD,
-    compare,
     unroll_threefry_on_cpu,
 )
 
@@ -100,7 +99,6 @@ def main(argv=None):
     for name in args.problems:
         spec = accuracy.problem(name, False)
         ref = accuracy.reference(name, spec, args)
-        ref_rows = None
         for s, sampler_name in enumerate(args.samplers):
             targets = args.targets or TARGETS[sampler_name]
             cells = itertools.product(targets, args.fractions, args.seeds)
@@ -111,19 +109,7 @@ def main(argv=None):
                 )
                 if fraction is None:
                     fraction = SAMPLERS[sampler_name]._SAMPLING_FRACTION
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    table = compare({"run": mcmc}, ref, ksd_draws=0)
-                per = table.per_parameter
-                rows = per.xs("run", level="run")
-                ref_rows = per.xs("reference", level="run")
-                floor_xi, floor_bias = accuracy.mc_floor(
-                    rows["ess_bulk"].to_numpy(),
-                    ref_rows["ess_bulk"].to_numpy(),
-                    ref_rows["sd"].to_numpy(),
-                    rng,
-                )
-                summary = table.summary.loc["run"]
+                summary, floor_xi, floor_bias = accuracy.scored(mcmc, ref, rng)
                 ess = float(summary["min_ess_bulk"])
                 print(
                     f"| {name} | {sampler_name} | {target} x {fraction} | {seed} | "
