@@ -20,7 +20,7 @@ is smaller: a run five times longer samples at a step about ``5^(-1/6)`` as
 large (p = 2, q = 2) and its error keeps falling, which a fixed fraction of
 warmup's step cannot give (the bias of a fixed step is a floor the run never
 passes). After the run, :func:`estimate` puts the law's bias at the step the run
-sampled at beside the Monte Carlo error of the run's own ESS: the ``estimated
+sampled at beside the Monte Carlo error of the run's own sds: the ``estimated
 xi`` that needs no reference.
 
 Every function takes JAX or NumPy scalars (:func:`run_step` runs inside the
@@ -82,25 +82,33 @@ def run_step(law, tau2, num_steps, share=BIAS_SHARE):
     return (share / scale) ** (1.0 / (law.order + law.ess_order / 2.0))
 
 
-def estimate(law, step, tau2, ess):
+def estimate(law, step, tau2, mc_errors, weights=None):
     """A run's own error in its sds, without a reference: the law's bias at the
-    step it sampled at and the Monte Carlo error of its bulk ESS ``ess`` (per
-    coordinate), as a dict:
+    step it sampled at beside the Monte Carlo errors ``mc_errors`` of the sds
+    (relative, per coordinate, :func:`~numpyro_sgbd.convergence.sd_error`), as
+    a dict:
 
     - ``sd_bias``: the predicted relative bias of the sds, :func:`sd_bias`;
-    - ``mc_error``: the root mean square over coordinates of
-      :func:`mc_sd_error`;
+    - ``mc_error``: the Monte Carlo errors' root mean square, weighted by
+      ``weights`` (the coordinates' variances, as xi weights them; default
+      equal);
     - ``xi``: the expected relative error of the sds against the posterior's,
       ``sqrt(sd_bias^2 + mc_error^2)`` (what ``compare``'s xi measures against
-      a reference);
+      an exact reference; with one coordinate far wider than the others xi is
+      that coordinate's error alone, and varies from run to run as it does);
     - ``step_for_mc``: the step at which the bias would be half this Monte
       Carlo error (what to pass as ``step_size`` to make the bias a small part
       of the error).
     """
-    ess = np.asarray(ess, float)
-    ess = ess[np.isfinite(ess) & (ess > 0)]
+    mc_errors = np.asarray(mc_errors, float).ravel()
+    weights = np.ones_like(mc_errors) if weights is None else np.ravel(weights)
+    ok = np.isfinite(mc_errors) & np.isfinite(weights) & (weights > 0)
     bias = float(sd_bias(law, float(step), float(tau2)))
-    mc = float(np.sqrt(np.mean(mc_sd_error(ess) ** 2))) if ess.size else np.nan
+    if ok.any():
+        share = weights[ok] / weights[ok].sum()
+        mc = float(np.sqrt(np.sum(share * mc_errors[ok] ** 2)))
+    else:
+        mc = np.nan
     coef = 0.5 * (abs(law.c) + law.b * float(tau2))
     step_for = (BIAS_SHARE * mc / coef) ** (1.0 / law.order) if coef > 0 else np.inf
     return {

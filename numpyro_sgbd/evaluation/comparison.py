@@ -304,7 +304,7 @@ def _summary_row(name, flat, scores, finite, is_ref, ref_sd, seconds, run):
         xi=np.nan
         if is_ref
         else float(np.linalg.norm(sd - ref_sd) / np.linalg.norm(ref_sd)),
-        est_xi=_estimated_xi(run, scores, finite),
+        est_xi=_estimated_xi(run, flat, scores, finite),
         max_bias_mean=float(np.max(scores["bias_mean"])),
         max_bias_var=float(np.max(scores["bias_var"])),
         max_rel_bias_var=float(np.max(scores["rel_bias_var"])),
@@ -316,19 +316,19 @@ def _summary_row(name, flat, scores, finite, is_ref, ref_sd, seconds, run):
     )
 
 
-def _estimated_xi(run, scores, finite):
+def _estimated_xi(run, flat, scores, finite):
     """The xi the run's kernel expects without a reference: its rule's bias law
-    at the step it sampled at (``kernel.error_estimate["sd_bias"]``) beside the
-    Monte Carlo error of these components' bulk ESS over all the run's draws
-    (:func:`~numpyro_sgbd.discretisation.estimate`); NaN where the kernel has
-    no estimate."""
+    at the step it sampled at (``kernel.error_estimate``) beside the Monte
+    Carlo error of these components' sds over all the run's draws ``flat``
+    (:func:`~numpyro_sgbd.convergence.sd_error`), weighted by their variances
+    as xi weights them (:func:`~numpyro_sgbd.discretisation.estimate`); NaN
+    where the kernel has no estimate."""
     found = error_estimate(run)
     if found is None or not finite:
         return np.nan
-    ess = scores["ess"]["bulk"]
-    return discretisation.estimate(found["law"], found["step"], found["noise_sq"], ess)[
-        "xi"
-    ]
+    errors, _ = convergence.sd_error(flat)
+    law, step, tau2 = found["law"], found["step"], found["noise_sq"]
+    return discretisation.estimate(law, step, tau2, errors, scores["sd"] ** 2)["xi"]
 
 
 def _run_ksd(name, source, draws, ksd_draws, ksd_scale, ksd_standardise):

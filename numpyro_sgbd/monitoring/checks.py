@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgbd import advice, core, discretisation
+from numpyro_sgbd import advice, convergence, core, discretisation
 from numpyro_sgbd.monitoring.notes import (
     _DRIFT_MIN_POINTS,
     _warn_nonfinite,
@@ -259,26 +259,30 @@ def _error_estimate(kernel, state, take):
     """The run's own error estimate once every chain of the run is in
     (:func:`~numpyro_sgbd.discretisation.estimate`: the rule's bias law at the
     step it sampled at, beside the Monte Carlo error of the checked
-    coordinates' bulk ESS), kept as ``kernel.error_estimate``; a warning when
-    the predicted bias exceeds the Monte Carlo error. The record keeps at most
-    ``TRACE_ROWS`` draws a chain: a coordinate whose ESS there is near that
-    cap mixes faster than the record resolves, and its ESS is taken from the
-    law's rate at the run's length (a h^q per step) where that is larger."""
+    coordinates' sds in the record, weighted by their variances as xi weights
+    them), kept as ``kernel.error_estimate``; a warning when the predicted bias
+    exceeds the Monte Carlo error. The record keeps at most ``TRACE_ROWS``
+    draws a chain: where a coordinate's squared deviations reach an ESS near
+    that many, the chain mixes faster than the record resolves, and its error
+    is taken from the law's ESS at the run's length (a h^q per step, twice
+    that for the squares of a diffusive chain) where that is smaller."""
     monitor, law = kernel._monitor, kernel.bias_law()
     found = monitor.convergence
     if law is None or found is None or monitor.check.pending:
         return
     step = _sampling_step(kernel, state, take)
-    if step is None:
+    rows = monitor.check.draws
+    if step is None or rows is None:
         return
     tau2 = float(np.mean(_noise_sq(state, take)))
     h = float(np.max(step))
-    rows = found["num_chains"] * found["num_draws"]
-    ess = np.asarray(found["ess_bulk"], float)
-    steps = monitor.trace_plan.num_samples * kernel._num_steps * found["num_chains"]
-    by_law = law.ess_rate * steps * h**law.ess_order
-    ess = np.where(ess < 0.5 * rows, ess, np.maximum(ess, by_law))
-    found_now = discretisation.estimate(law, h, tau2, ess)
+    errors, ess = convergence.sd_error(rows)
+    steps = monitor.trace_plan.num_samples * kernel._num_steps * rows.shape[0]
+    by_law = 1.0 / np.sqrt(4.0 * law.ess_rate * steps * h**law.ess_order)
+    capped = ess >= 0.5 * rows.shape[0] * rows.shape[1]
+    errors = np.where(capped, np.minimum(errors, by_law), errors)
+    weights = rows.reshape(-1, rows.shape[-1]).var(axis=0)
+    found_now = discretisation.estimate(law, h, tau2, errors, weights)
     monitor.error_estimate = {"step": h, "noise_sq": tau2, "law": law, **found_now}
     if found_now["sd_bias"] <= found_now["mc_error"]:
         return

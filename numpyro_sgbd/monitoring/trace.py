@@ -175,6 +175,9 @@ class ConvergenceCheck:
     def __init__(self, plan):
         self.plan = plan
         self._rows = []
+        #: Every chain's rows ``(chains, rows, coords)`` once all are in (for
+        #: the run's error estimate), else ``None``.
+        self.draws = None
 
     @property
     def pending(self):
@@ -189,6 +192,7 @@ class ConvergenceCheck:
         if sum(r.shape[0] for r in self._rows) < self.plan.num_chains:
             return None
         draws, self._rows = np.concatenate(self._rows), []
+        self.draws = draws
         return report(draws, self.plan.coords)
 
 
