@@ -257,18 +257,21 @@ def _noise_sq(state, take):
 
 def _error_estimate(kernel, state, take):
     """The run's own error estimate once every chain of the run is in
-    (:func:`~numpyro_sgbd.discretisation.estimate`: the rule's bias law at the
-    step it sampled at, beside the Monte Carlo error of the checked
-    coordinates' sds in the record, weighted by their variances as xi weights
-    them), kept as ``kernel.error_estimate``; a warning when the predicted bias
-    exceeds the Monte Carlo error. The record keeps at most ``TRACE_ROWS``
-    draws a chain: where a coordinate's squared deviations reach an ESS near
-    that many, the chain mixes faster than the record resolves, and its error
-    is taken from the law's ESS at the run's length (a h^q per step, twice
-    that for the squares of a diffusive chain) where that is smaller."""
+    (:func:`~numpyro_sgbd.discretisation.estimate`: the rule's bias law at the step
+    it sampled at, beside the Monte Carlo error of the checked coordinates' sds in
+    the record, weighted by their variances as xi weights them), kept as
+    ``kernel.error_estimate``; a warning when the predicted bias exceeds the Monte
+    Carlo error (nothing where a chain stopped at a non-finite value: its own
+    warning says more). The record keeps at most ``TRACE_ROWS`` draws a chain: where
+    a coordinate's squared deviations reach an ESS near that many, the chain mixes
+    faster than the record resolves, and its error is taken from the law's ESS at
+    the run's length (a h^q per step, twice that for the squares of a diffusive
+    chain) where that is smaller."""
     monitor, law = kernel._monitor, kernel.bias_law()
     found = monitor.convergence
     if law is None or found is None or monitor.check.pending:
+        return
+    if np.any(take(state.num_nonfinite) > 0):  # a stopped chain: said already
         return
     step = _sampling_step(kernel, state, take)
     rows = monitor.check.draws
