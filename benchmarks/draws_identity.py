@@ -263,7 +263,7 @@ def compare(path_a, path_b, atol=0.0):
                 diff = float(np.nan_to_num(d, nan=np.inf).max()) if d.size else 0.0
             if diff > worst:
                 worst, where = diff, k
-            if k.split("|")[1] == "samples":
+            if k.split("|")[1].startswith("samples"):  # samples['site']
                 draws = max(draws, diff)
         status = "identical" if worst == 0 else f"max |diff| {worst:.3g} at {where}"
         if worst:

@@ -195,9 +195,11 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
 
     def bias_law(self):
         """This kernel's :class:`~numpyro_sgbd.discretisation.BiasLaw` (its
-        variant's), or ``None`` where none is measured: NOGIN's and BAOAB's
-        rules sample a Gaussian's variances without a measurable bias, and
-        the recipe's depends on its ``diffusion``."""
+        variant's, measured by ``benchmarks/bias_laws.py``), or ``None`` where
+        none is measured: the recipe's depends on its ``diffusion``, SGHMC's
+        and SGNHT's were measured at their default hyperparameters only, and
+        SGBD's with the bimodal increment. NOGIN's and BAOAB's have ``c = 0``:
+        they sample a Gaussian's variances without a measurable bias."""
         return self._BIAS_LAWS.get(getattr(self, "_variant", None))
 
     @abstractmethod

@@ -269,12 +269,13 @@ def _error_estimate(kernel, state, take):
     chain) where that is smaller."""
     monitor, law = kernel._monitor, kernel.bias_law()
     found = monitor.convergence
-    if law is None or found is None or monitor.check.pending:
+    check_pool = monitor.check
+    if law is None or found is None or check_pool is None or check_pool.pending:
         return
     if np.any(take(state.num_nonfinite) > 0):  # a stopped chain: said already
         return
     step = _sampling_step(kernel, state, take)
-    rows = monitor.check.draws
+    rows = check_pool.draws
     if step is None or rows is None:
         return
     tau2 = float(np.mean(_noise_sq(state, take)))
@@ -299,7 +300,7 @@ def _error_estimate(kernel, state, take):
         f"{found_now['xi']:.3f}). Pass step_size="
         f"{found_now['step_for_mc']:.2g} (the bias then half the Monte Carlo "
         "error), leave step_size=None, or use NOGIN, whose rule has no "
-        "measurable bias.",
+        "measurable bias on a Gaussian.",
         RuntimeWarning,
         stacklevel=2,
     )

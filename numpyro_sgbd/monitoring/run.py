@@ -63,16 +63,18 @@ class Monitored:
     @property
     def error_estimate(self):
         """After an ``MCMC`` run and its check, where the rule has a bias law
-        (:meth:`bias_law`): the run's own error in its sds, without a
-        reference, as a dict: ``step`` (the sampling step, in u with a
-        preconditioner), ``noise_sq`` (the mean squared gradient noise sd
-        there), ``law``, ``sd_bias`` (the law's predicted relative bias of the
-        sds), ``mc_error`` (their relative Monte Carlo error from the run's bulk
-        ESS), ``xi`` (the expected relative error of the sds, both together:
+        (:meth:`bias_law`): the run's own error in its sds, without a reference,
+        as a dict: ``step`` (the sampling step, in u with a preconditioner),
+        ``noise_sq`` (the mean squared gradient noise sd there), ``law``,
+        ``sd_bias`` (the law's predicted relative bias of the sds), ``mc_error``
+        (their relative Monte Carlo error, from the ESS of the squared
+        deviations in the run's record of draws,
+        :func:`~numpyro_sgbd.convergence.sd_error`), ``xi`` (the expected
+        relative error of the sds, both together:
         :func:`~numpyro_sgbd.compare`'s xi without a reference) and
         ``step_for_mc`` (the step whose bias would be half that Monte Carlo
-        error). See :mod:`numpyro_sgbd.discretisation`. ``None`` before a run
-        or without a law."""
+        error). See :mod:`numpyro_sgbd.discretisation`. ``None`` before a run or
+        without a law."""
         return self._monitor.error_estimate
 
     @property
