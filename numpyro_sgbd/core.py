@@ -44,9 +44,6 @@ __all__ = [
     "build_kernel",
     "global_sites",
     "gradient_at_end",
-    "NoiseParts",
-    "noise_sq",
-    "sampling_step",
     "scale_steps",
     "split_init_key",
     "guard",
@@ -238,8 +235,9 @@ def adapt_step(adaptation, state, allowed):
     warmup that step times the sampling fraction, fixed from then on, so the
     sampling chain is time-homogeneous. Where the rule's bias law and the run's
     length are known, the sampling step is instead the smaller of that step and
-    the one the run's length asks for (:func:`sampling_step`). A given step is
-    left alone."""
+    the one the run's length asks for
+    (:func:`~numpyro_sgbd.discretisation.sampling_step`). A given step is left
+    alone."""
     if state.step_size is None:
         return state
     num_warmup = adaptation.num_warmup
@@ -256,44 +254,17 @@ def adapt_step(adaptation, state, allowed):
     )
     if adaptation.bias_law is not None and adaptation.run_steps is not None:
         step = jnp.where(
-            state.i == num_warmup, sampling_step(adaptation, state, step), step
+            state.i == num_warmup,
+            discretisation.sampling_step(
+                adaptation.bias_law, adaptation.run_steps, state, step
+            ),
+            step,
         )
     elif adaptation.sampling_fraction != 1.0:  # once, as warmup's last state forms
         step = jnp.where(
             state.i == num_warmup, step * adaptation.sampling_fraction, step
         )
     return state._replace(step_size=step.astype(state.step_size.dtype))
-
-
-class NoiseParts(NamedTuple):
-    """The fields :func:`noise_sq` reads, for a state's fields taken apart."""
-
-    noise_sd: Any
-    scale: Any
-
-
-def noise_sq(state):
-    """The mean over coordinates of the squared gradient noise sd where the
-    step acts (in v = u / s with re-estimated scales), 0 where the state keeps
-    none (exact gradients)."""
-    noise_sd = getattr(state, "noise_sd", None)
-    if noise_sd is None:
-        return jnp.zeros((), jnp.result_type(float))
-    if state.scale is not None:
-        noise_sd = noise_sd * state.scale.scale
-    leaves = jax.tree.leaves(noise_sd)
-    total = sum(jnp.sum(jnp.square(x)) for x in leaves)
-    return total / sum(jnp.size(x) for x in leaves)
-
-
-def sampling_step(adaptation, state, step):
-    """The sampling step of a run of ``adaptation.run_steps`` steps: the smaller
-    of warmup's ``step`` and the step whose predicted sd bias is half the run's
-    predicted Monte Carlo error, at the run's own gradient noise
-    (:func:`~numpyro_sgbd.discretisation.run_step`)."""
-    law = adaptation.bias_law
-    planned = discretisation.run_step(law, noise_sq(state), adaptation.run_steps)
-    return jnp.minimum(step, planned.astype(step.dtype))
 
 
 def adapt_scale(adaptation, state):

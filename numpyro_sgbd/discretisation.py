@@ -30,12 +30,22 @@ Every function takes JAX or NumPy scalars (:func:`run_step` runs inside the
 step, at the end of warmup, with the run's noise sd traced).
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["BiasLaw", "estimate", "mc_sd_error", "run_step", "sd_bias"]
+__all__ = [
+    "BiasLaw",
+    "NoiseParts",
+    "estimate",
+    "mc_sd_error",
+    "noise_sq",
+    "run_step",
+    "sampling_step",
+    "sd_bias",
+]
 
 #: The predicted bias of the default sampling step as a fraction of the
 #: predicted Monte Carlo error (issue 60: "at most about half").
@@ -83,6 +93,36 @@ def run_step(law, tau2, num_steps, share=BIAS_SHARE):
     coef = 0.5 * (abs(law.c) + law.b * tau2)
     scale = coef * jnp.sqrt(2.0 * law.ess_rate * num_steps)
     return (share / scale) ** (1.0 / (law.order + law.ess_order / 2.0))
+
+
+class NoiseParts(NamedTuple):
+    """The fields :func:`noise_sq` reads, for a state's fields taken apart."""
+
+    noise_sd: Any
+    scale: Any
+
+
+def noise_sq(state):
+    """The mean over coordinates of the squared gradient noise sd where the
+    step acts (in v = u / s with re-estimated scales), 0 where the state keeps
+    none (exact gradients)."""
+    noise_sd = getattr(state, "noise_sd", None)
+    if noise_sd is None:
+        return jnp.zeros((), jnp.result_type(float))
+    if state.scale is not None:
+        noise_sd = noise_sd * state.scale.scale
+    leaves = jax.tree.leaves(noise_sd)
+    total = sum(jnp.sum(jnp.square(x)) for x in leaves)
+    return total / sum(jnp.size(x) for x in leaves)
+
+
+def sampling_step(law, num_steps, state, step):
+    """The sampling step of a run of ``num_steps`` steps, in the step (traced,
+    at the end of warmup): the smaller of warmup's ``step`` and the step whose
+    predicted sd bias is half the run's predicted Monte Carlo error, at the
+    state's own gradient noise (:func:`run_step`, :func:`noise_sq`)."""
+    planned = run_step(law, noise_sq(state), num_steps)
+    return jnp.minimum(step, planned.astype(step.dtype))
 
 
 def estimate(law, step, tau2, mc_errors, weights=None):

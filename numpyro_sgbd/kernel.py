@@ -131,7 +131,7 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         # evaluation rows, the estimator, the checked step and the compiled step.
         self._num_warmup = 0
         # The sampling steps of the run `init` is called for, every chain's
-        # (`None` for a kernel driven by hand): see `core.sampling_step`.
+        # (`None` for a kernel driven by hand): see `discretisation.sampling_step`.
         self._run_steps = None
         self._plates, self._z_shapes, self._plate_deterministic = None, None, ()
         self._enumerate_dim, self._local = None, {}

@@ -16,7 +16,7 @@ from numpyro.infer import MCMC
 import pytest
 
 import numpyro_sgbd
-from numpyro_sgbd import BAOAB, NOGIN, SGBD, SGHMC, SGLD, SGNHT, core, discretisation
+from numpyro_sgbd import BAOAB, NOGIN, SGBD, SGHMC, SGLD, SGNHT, discretisation
 from numpyro_sgbd.discretisation import BiasLaw
 from numpyro_sgbd.evaluation import _arviz
 
@@ -162,9 +162,9 @@ def test_the_estimated_xi_is_within_a_factor_two_of_the_exact_one(name):
 
 
 def test_the_noise_enters_where_the_step_acts():
-    state = core.NoiseParts(jnp.full(4, 2.0), None)
-    assert float(core.noise_sq(state)) == pytest.approx(4.0)
-    assert float(core.noise_sq(core.NoiseParts(None, None))) == 0.0
+    state = discretisation.NoiseParts(jnp.full(4, 2.0), None)
+    assert float(discretisation.noise_sq(state)) == pytest.approx(4.0)
+    assert float(discretisation.noise_sq(discretisation.NoiseParts(None, None))) == 0.0
 
 
 def test_compare_shows_the_estimated_xi_beside_the_measured_one(sgbd_runs):

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgbd import advice, convergence, core, discretisation
+from numpyro_sgbd import advice, convergence, discretisation
 from numpyro_sgbd.monitoring.notes import (
     _DRIFT_MIN_POINTS,
     _warn_nonfinite,
@@ -247,12 +247,14 @@ def _sampling_step(kernel, state, take):
 
 def _noise_sq(state, take):
     """Each checked chain's mean squared gradient noise sd where its step acts
-    (:func:`~numpyro_sgbd.core.noise_sq`)."""
+    (:func:`~numpyro_sgbd.discretisation.noise_sq`)."""
     parts = (getattr(state, "noise_sd", None), state.scale)
     if parts[0] is None:
         return np.zeros(1)
     chains = jax.tree.map(take, parts)
-    return np.asarray(jax.vmap(core.noise_sq)(core.NoiseParts(*chains)))
+    return np.asarray(
+        jax.vmap(discretisation.noise_sq)(discretisation.NoiseParts(*chains))
+    )
 
 
 def _error_estimate(kernel, state, take):
