@@ -17,6 +17,7 @@ import logging
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
@@ -181,6 +182,9 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
     #: sampling step serves the run's length and a run states its own error; a
     #: variant without one samples at ``_SAMPLING_FRACTION`` of warmup's step.
     _BIAS_LAWS = {}
+    #: The hyperparameters the laws were measured at, by name: with another
+    #: value (or one per site) the kernel has no law.
+    _BIAS_LAW_AT = {}
     #: ``allowed(state)``, the step the noise allows now, where a sampler bounds
     #: its step by its own statistic (NOGIN's damping); ``None``: the core's
     #: :func:`~numpyro_sgbd.core.step_allowed`.
@@ -200,6 +204,11 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         and SGNHT's were measured at their default hyperparameters only, and
         SGBD's with the bimodal increment. NOGIN's and BAOAB's have ``c = 0``:
         they sample a Gaussian's variances without a measurable bias."""
+        hyper = getattr(self, "_hyperparameters", {})
+        for name, value in self._BIAS_LAW_AT.items():
+            given = hyper.get(name)
+            if isinstance(given, dict) or np.ndim(given) or given != value:
+                return None
         return self._BIAS_LAWS.get(getattr(self, "_variant", None))
 
     @abstractmethod

@@ -177,3 +177,17 @@ def test_compare_shows_the_estimated_xi_beside_the_measured_one(sgbd_runs):
     assert 0.5 < row["est_xi"] / row["xi"] < 2.0
     assert np.isnan(table.summary.loc["reference", "est_xi"])
     assert "est_xi" in str(table)
+
+
+def test_no_law_away_from_the_hyperparameters_it_was_measured_at():
+    def potential(z):
+        return 0.5 * jnp.sum(z**2)
+
+    def law(sampler, **options):
+        return sampler(potential_fn=potential, step_size=0.1, **options).bias_law()
+
+    assert law(SGBD) is not None and law(SGBD, increment="gaussian") is None
+    assert law(SGHMC) is not None and law(SGHMC, friction=2.0) is None
+    assert law(SGHMC, mass={"x": 1.0}) is None  # per site: not the scalar default
+    assert law(BAOAB) is not None and law(BAOAB, mass=2.0) is None
+    assert law(SGNHT) is not None and law(SGNHT, diffusion=3.0) is None

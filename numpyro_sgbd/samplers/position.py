@@ -200,12 +200,8 @@ class SGBD(_FamilyKernel):
         "vanilla": BiasLaw(0.258, 0.203, 2, 0.248, 2.0),
         "corrected": BiasLaw(0.255, 0.040, 2, 0.248, 2.0),
     }
-
-    def bias_law(self):
-        # Measured with the bimodal increment only.
-        if self._hyperparameters["increment"] != "bimodal":
-            return None
-        return super().bias_law()
+    # Measured with the bimodal increment only.
+    _BIAS_LAW_AT = {"increment": "bimodal"}
 
     def _noise_step_bound(self, largest):
         return BARKER_TOLERANCE / 1.3 / largest
