@@ -267,11 +267,11 @@ def adapt_step(adaptation, state, allowed):
     return state._replace(step_size=step.astype(state.step_size.dtype))
 
 
-def adapt_scale(adaptation, state):
+def adapt_scale(adaptation, state, local_names=()):
     """Add this draw, in u, to the open scale window and re-estimate s where a
     window closes (:func:`~numpyro_sgbd.preconditioning.scale_update`); past the
     last window nothing is computed (for one chain: vectorized chains evaluate
-    both branches)."""
+    both branches). ``local_names``: z's local sites, which u leaves out."""
     start, ends = adaptation.scale_windows
     if state.scale is None or not ends:
         return state
@@ -289,7 +289,7 @@ def adapt_scale(adaptation, state):
         update,
         lambda adapt, z, i: adapt,
         state.scale,
-        state.z,
+        global_sites(state.z, local_names),
         state.i,
     )
     return state._replace(scale=scale)
@@ -554,7 +554,7 @@ def _sample_kernel(parts, state, model_args, model_kwargs):
         **kept,
         **local,
     )
-    moved = adapt_scale(adaptation, moved)
+    moved = adapt_scale(adaptation, moved, parts.local and parts.local.names)
     if family.rescale is not None and state.scale is not None:
         moved = family.rescale(moved, state)
     moved = adapt_step(adaptation, moved, parts.allowed)

@@ -101,8 +101,8 @@ class _FamilyKernel(_SGKernel):
             "num_nonfinite",
         )
 
-    def _default_options(self, plates):
-        super()._default_options(plates)
+    def _default_options(self, plates, local=None):
+        super()._default_options(plates, local)
         if plates is None:
             if self._variant_arg is None:
                 self._variant = self._default_variant(self._step_size_arg)

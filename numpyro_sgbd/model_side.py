@@ -21,6 +21,7 @@ from numpyro_sgbd.estimators import (
     CustomEstimator,
     PotentialEstimator,
 )
+from numpyro_sgbd.local_laplace import draw_rows
 from numpyro_sgbd.local_sites import (
     constrained_local,
     gather_local,
@@ -78,14 +79,17 @@ class ModelSide:
         """(who needs the noise, how to do without) for error messages."""
         return "", ""
 
-    def _default_options(self, plates):
+    def _default_options(self, plates, local=None):
         """Resolve the options left to ``step_size=None``'s defaults once the
-        subsample plates are known (``None`` before the trace: reset them); return
-        whether the noise form changed."""
+        subsample plates and the local sites are known (``None`` before the
+        trace: reset them); return whether the noise form changed. Control
+        variates need one plate and no local sites (each row's local value
+        moves with its own datum: no centre serves every term)."""
         if plates is None:
             self._gradient = self._gradient_arg
         elif self._gradient == "auto":
-            self._gradient = "control_variates" if len(plates) == 1 else "minibatch"
+            cv = len(plates) == 1 and not local
+            self._gradient = "control_variates" if cv else "minibatch"
         return False
 
     def _resolve_noise_form(self, noise_form, shapes, plates):
@@ -252,13 +256,13 @@ class ModelSide:
             centre = jax.tree.map(jnp.asarray, centre)
         return SetupArrays(self.preconditioner, centre)
 
-    def _choose(self, plates, shapes):
-        """``(noise_form, gradient)`` for these plates: the noise the sampler's
-        rule needs from the estimator (raises where it needs one subsample plate
-        and the model has several) and the estimator, once the defaults that
-        depend on the plates are resolved."""
+    def _choose(self, plates, shapes, local=None):
+        """``(noise_form, gradient)`` for these plates and local sites: the noise
+        the sampler's rule needs from the estimator (raises where it needs one
+        subsample plate and the model has several) and the estimator, once the
+        defaults that depend on the plates are resolved."""
         noise_form = self._resolve_noise_form(self._noise_form(), shapes, plates)
-        if self._default_options(plates):
+        if self._default_options(plates, local):
             noise_form = self._noise_form()
         if noise_form is not None and len(plates) > 1:
             who, fix = self._noise_needed_by()
@@ -275,7 +279,18 @@ class ModelSide:
         ``init_params`` or a point of the init strategy."""
         if init_params is None and self.preconditioner is not None:
             pre, mode = self.preconditioner, self._setup.mode
-            return laplace_start(self._programs["start"], pre, mode, rng_key, batched)
+            rng_key, z = laplace_start(
+                self._programs["start"], pre, mode, rng_key, batched
+            )
+            if not self._local:
+                return rng_key, z
+            # Each chain's rows from their Laplace approximations at the mode.
+            keys = jax.vmap(random.split)(rng_key) if batched else random.split(rng_key)
+            rng_key, key_rows = (keys[:, 0], keys[:, 1]) if batched else keys
+            chains = jnp.shape(rng_key)[:1] if batched else ()
+            first = key_rows[0] if batched else key_rows
+            rows = draw_rows(first, self._setup.local_rows, self._local, chains)
+            return rng_key, {**z, **rows}
         if batched:
             rng_key, key_init = jnp.swapaxes(jax.vmap(random.split)(rng_key), 0, 1)
         else:

@@ -36,7 +36,13 @@ from numpyro_sgbd.estimators import (
 )
 from numpyro_sgbd.handlers import SubsamplePlates, sample_trace, subsample_plates
 from numpyro_sgbd.local_sites import local_site
-from numpyro_sgbd.setup import Setup, dimension, find_centre, find_preconditioner
+from numpyro_sgbd.setup import (
+    Setup,
+    dimension,
+    find_centre,
+    find_local_preconditioner,
+    find_preconditioner,
+)
 from numpyro_sgbd.sharding import data_sharding
 from numpyro_sgbd.validation import check_plate_data
 
@@ -429,20 +435,20 @@ class Prepared(NamedTuple):
 
 def prepare(model, model_args, model_kwargs, request, setup, choose):
     """Prepare a kernel from ``model`` and its data: validate the data against
-    the plates, trace the model once, let the kernel ``choose(plates, shapes) ->
-    (noise_form, gradient)`` the noise its rule needs and the estimator, find
-    what ``setup`` lacks for these data, and build the estimator. A
-    :class:`Prepared`."""
+    the plates, trace the model once, let the kernel ``choose(plates, shapes,
+    local) -> (noise_form, gradient)`` the noise its rule needs and the
+    estimator, find what ``setup`` lacks for these data, and build the
+    estimator. A :class:`Prepared`."""
     check_plate_data(model, model_args, model_kwargs)
     info = trace_model(model, model_args, model_kwargs)
-    noise_form, gradient = choose(info.plates, info.shapes)
+    noise_form, gradient = choose(info.plates, info.shapes, info.local)
     traced = has_tracer((model_args, model_kwargs))
     sharding = None if traced else data_sharding(info.plates, model_args, model_kwargs)
     if info.local:
-        check_local(info.local, request, gradient, sharding)
+        check_local(info.local, gradient, sharding, request.who)
     if request.preconditioner != "none":
         setup = find_setup(
-            setup, model, model_args, model_kwargs, info.shapes, request, traced
+            setup, model, model_args, model_kwargs, info, request, traced
         )
     estimator = build_estimator(
         model,
@@ -468,22 +474,15 @@ def prepare(model, model_args, model_kwargs, request, setup, choose):
     return Prepared(info, setup, estimator, indices)
 
 
-def check_local(local, request, gradient, sharding):
+def check_local(local, gradient, sharding, who):
     """Raise where a kernel's options need what local sites do not have: a
-    full-data mode (the preconditioner, ``step_size=None``), a centre the data's
-    terms concentrate around (control variates) or one device's rows."""
+    centre the data's terms concentrate around (control variates) or one
+    device's rows. (Their preconditioner and start come from the global sites'
+    Laplace marginal: :func:`~numpyro_sgbd.setup.find_local_preconditioner`.)"""
     names = ", ".join(f"'{k}'" for k in sorted(local))
     (plate,) = {s.plate for s in local.values()}
-    where = f"{request.who}: the model's site(s) {names} inside the subsample plate "
+    where = f"{who}: the model's site(s) {names} inside the subsample plate "
     where += f"'{plate}' are local sites, sampled row by row"
-    if request.preconditioner != "none":
-        raise ValueError(
-            f"{where}; the preconditioner (and step_size=None, which adapts the "
-            "step through it) comes from the Laplace approximation at the joint "
-            "mode over every site, which for per-row latents under a global scale "
-            "need not exist (the funnel of a random-effect model). Give "
-            "step_size= (preconditioner='none' is then the default)."
-        )
     if gradient == "control_variates":
         raise ValueError(
             f"{where}; control variates need every datum's term near one centre, "
@@ -497,10 +496,12 @@ def check_local(local, request, gradient, sharding):
         )
 
 
-def find_setup(setup, model, model_args, model_kwargs, shapes, request, traced):
+def find_setup(setup, model, model_args, model_kwargs, info, request, traced):
     """``setup`` with the full-data mode and the preconditioner built from the
-    Hessian there (:func:`~numpyro_sgbd.setup.find_preconditioner`), unless it
-    holds them for these data already."""
+    Hessian there (:func:`~numpyro_sgbd.setup.find_preconditioner`; with local
+    sites, the global sites' Laplace-marginal mode:
+    :func:`~numpyro_sgbd.setup.find_local_preconditioner`), unless it holds them
+    for these data already. ``info``: the model's :class:`ModelInfo`."""
     key, arrays = data_key(model_args, model_kwargs)
     if setup.data is not None and setup.data[0] == key:
         return setup
@@ -511,16 +512,24 @@ def find_setup(setup, model, model_args, model_kwargs, shapes, request, traced):
             "runs inside jax.jit or another transform). Give step_size with "
             "preconditioner='none', or run MCMC outside the transform."
         )
-    pre, mode, value_grad, report = find_preconditioner(
-        model,
-        model_args,
-        model_kwargs,
-        dimension(shapes),
-        request.preconditioner,
-        who=request.who,
-        chunk_size=request.centre.chunk_size,
-        last_mode=setup.mode,
+    options = dict(
+        who=request.who, chunk_size=request.centre.chunk_size, last_mode=setup.mode
     )
+    rows = None
+    if info.local:
+        facts = (info.plates, info.enumerate_dim, info.local)
+        pre, mode, value_grad, report, rows = find_local_preconditioner(
+            model, model_args, model_kwargs, facts, request.preconditioner, **options
+        )
+    else:
+        pre, mode, value_grad, report = find_preconditioner(
+            model,
+            model_args,
+            model_kwargs,
+            dimension(info.shapes),
+            request.preconditioner,
+            **options,
+        )
     info = {k: v for k, v in report.items() if k != "mode_search"}
     info.update(request.adaptation, mode_search=report["mode_search"])
     return Setup(
@@ -529,6 +538,7 @@ def find_setup(setup, model, model_args, model_kwargs, shapes, request, traced):
         mode=mode,
         mode_value_grad=value_grad,
         adaptation_info=info,
+        local_rows=rows,
     )
 
 

@@ -14,14 +14,18 @@ import time
 from typing import Any, NamedTuple
 
 import jax
+from jax import random
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgbd import preconditioning
-from numpyro_sgbd.estimators import unconstrained_centre
+from numpyro_sgbd import local_laplace, preconditioning
+from numpyro_sgbd.estimators import MinibatchEstimator, unconstrained_centre
+from numpyro_sgbd.estimators.compiled import as_jax_arrays
 from numpyro_sgbd.estimators.minibatch import pulled
 from numpyro_sgbd.handlers import sample_trace
+from numpyro_sgbd.mode_search import hessian_diagonal
 from numpyro_sgbd.modes import (
+    Objective,
     check_mode,
     find_mode,
     full_data_objective,
@@ -30,7 +34,7 @@ from numpyro_sgbd.modes import (
     search_centre,
 )
 
-__all__ = ["Setup", "find_centre", "find_preconditioner"]
+__all__ = ["Setup", "find_centre", "find_local_preconditioner", "find_preconditioner"]
 
 logger = logging.getLogger("numpyro_sgbd")
 
@@ -51,6 +55,9 @@ class Setup(NamedTuple):
         variates' centre with the full-data potential and gradient there, and the
         data they belong to; ``None`` after pickling.
     :ivar centre_info: how the centre was found (a kernel's :attr:`centre_info`).
+    :ivar local_rows: with local sites, their rows' Laplace approximations at
+        the mode (:class:`~numpyro_sgbd.local_laplace.LocalLaplace`), which the
+        chains' rows start from; ``None`` without.
     """
 
     data: Any = None
@@ -60,6 +67,7 @@ class Setup(NamedTuple):
     adaptation_info: Any = None
     centre: Any = None
     centre_info: Any = None
+    local_rows: Any = None
 
     def for_pickling(self):
         """This set-up without the data it holds references to (``init`` checks
@@ -79,15 +87,88 @@ def find_preconditioner(
     ``last_mode``, the mode found on earlier data of the same shapes (a refit),
     is where the search starts if the potential is lower there than at the
     usual start (:func:`~numpyro_sgbd.mode_search.find_mode`)."""
+    form, why = _form(form, d)
+    start = time.perf_counter()
+    objective = full_data_objective(
+        model, model_args, model_kwargs, chunk_size=chunk_size
+    )
+    mode, info = _searched(objective, who, last_mode)
+    searched = time.perf_counter()
+    pre = _built(form, objective, mode, info)
+    # U and grad U at the mode, from the search's last evaluation: the control
+    # variates' centre is this mode, and needs no pass of its own.
+    value_grad = (
+        jnp.asarray(info["potential"], mode.dtype),
+        objective.unravel(jnp.asarray(info["gradient"], mode.dtype)),
+    )
+    report = _report(who, form, why, pre, info, start, searched)
+    return pre, objective.unravel(mode), value_grad, report
+
+
+def find_local_preconditioner(
+    model, model_args, model_kwargs, facts, form, *, who, chunk_size, last_mode=None
+):
+    """:func:`find_preconditioner` for a model with local sites
+    (:mod:`~numpyro_sgbd.local_laplace`): the mode of the global sites' marginal
+    with each row's local sites integrated out by Laplace's method, and L from
+    the Hessian there of their conditional with the rows drawn from their
+    Laplace approximations. ``facts``: the model's ``(plates, enumerate_dim,
+    local)``. Returns ``(preconditioner, mode, mode_value_grad, info,
+    rows)``, ``rows`` the rows' :class:`~numpyro_sgbd.local_laplace.LocalLaplace`
+    (the chains start from draws of it); the mode and its gradient are the
+    global sites'."""
+    plates, enumerate_dim, sites = facts
+    ((name, (size, n, _)),) = plates.items()
+    estimator = MinibatchEstimator(
+        model, {name: (size, n, None)}, enumerate_dim=enumerate_dim, local=sites
+    )
+    args, kwargs = as_jax_arrays((model_args, model_kwargs))
+    start = time.perf_counter()
+    x0, unravel, value_and_grad, value_grad_hvp, laplace = (
+        local_laplace.marginal_objective(
+            estimator, sites, model, args, kwargs, chunk_size
+        )
+    )
+    d = x0.shape[0]
+    form, why = _form(form, d)
+    marginal = Objective(
+        x0,
+        unravel,
+        value_and_grad,
+        lambda x, v: value_grad_hvp(x, v)[2],
+        size,
+        value_grad_hvp,
+    )
+    mode, info = _searched(marginal, who, last_mode)
+    searched = time.perf_counter()
+    rows = local_laplace.row_laplace(*laplace(mode))
+    drawn = local_laplace.draw_rows(random.key(0), rows, sites)
+    run, arrays = estimator.full_data_parts(args, kwargs, chunk_size)
+    cond_value_and_grad, cond_hvp = local_laplace.conditional_objective(
+        run, arrays, unravel, drawn
+    )
+    conditional = Objective(mode, unravel, cond_value_and_grad, cond_hvp, size)
+    diag = np.asarray(hessian_diagonal(cond_hvp, mode), np.float64)
+    pre = _built(form, conditional, mode, {"hessian_diag": diag})
+    value, grad = cond_value_and_grad(mode)
+    report = _report(who, form, why, pre, info, start, searched)
+    report["local_sites"] = "Laplace-marginal mode; conditional curvature at a draw"
+    return pre, unravel(mode), (value, unravel(grad)), report, rows
+
+
+def _form(form, d):
+    """``(form, why)``: the preconditioner's form, chosen by d for ``"auto"``,
+    checked for memory where dense."""
     why = "as given"
     if form == "auto":
         form, why = preconditioning.choose_preconditioner(d)
     if form == "dense":
         preconditioning.check_dense(d)
-    start = time.perf_counter()
-    objective = full_data_objective(
-        model, model_args, model_kwargs, chunk_size=chunk_size
-    )
+    return form, why
+
+
+def _searched(objective, who, last_mode):
+    """The mode of ``objective`` and the search's report, checked."""
     what = f"{who}'s start and preconditioner"
     # A refit's data are often like the last (folds, a bootstrap): its search
     # then ends in a few steps. A simulation's may not: the usual start is kept
@@ -101,33 +182,25 @@ def find_preconditioner(
         what,
         "Pass init_params and a step_size (without a preconditioner), or "
         "check the model's priors.",
-        stacklevel=8,
+        stacklevel=9,
     )
-    searched = time.perf_counter()
+    return mode, info
+
+
+def _built(form, objective, mode, info):
+    """L of ``form`` from the Hessian of ``objective`` at ``mode``."""
     if form == "dense":
-        pre = preconditioning.dense(mode, mode_hessian(objective, mode, info))
-    elif form == "lowrank":
-        pre = preconditioning.lowrank(
+        return preconditioning.dense(mode, mode_hessian(objective, mode, info))
+    if form == "lowrank":
+        return preconditioning.lowrank(
             mode, info["hessian_diag"], lambda v: objective.hvp(mode, v)
         )
-    else:
-        pre = preconditioning.diagonal(mode, info["hessian_diag"])
+    return preconditioning.diagonal(mode, info["hessian_diag"])
+
+
+def _report(who, form, why, pre, info, start, searched):
+    """The set-up's report (its ``adaptation_info``), logged."""
     seconds = time.perf_counter() - start
-    # U and grad U at the mode, from the search's last evaluation: the control
-    # variates' centre is this mode, and needs no pass of its own.
-    value_grad = (
-        jnp.asarray(info["potential"], mode.dtype),
-        objective.unravel(jnp.asarray(info["gradient"], mode.dtype)),
-    )
-    report = {
-        "preconditioner": form,
-        "why": why,
-        "preconditioner_bytes": pre.nbytes,
-        "mode_seconds": searched - start,
-        "preconditioner_seconds": seconds - (searched - start),
-        "seconds": seconds,
-        "mode_search": public_info(info),
-    }
     logger.info(
         "%s: preconditioner=%r (%s), %.1f MiB, mode search %.2f s, L %.2f s.",
         who,
@@ -137,7 +210,15 @@ def find_preconditioner(
         searched - start,
         seconds - (searched - start),
     )
-    return pre, objective.unravel(mode), value_grad, report
+    return {
+        "preconditioner": form,
+        "why": why,
+        "preconditioner_bytes": pre.nbytes,
+        "mode_seconds": searched - start,
+        "preconditioner_seconds": seconds - (searched - start),
+        "seconds": seconds,
+        "mode_search": public_info(info),
+    }
 
 
 def _flat_last_mode(objective, last_mode):

@@ -50,7 +50,7 @@ def test_prepare_returns_one_record_and_reuses_its_setup(data, monkeypatch):
 
     monkeypatch.setattr(prepare_module, "find_preconditioner", counted)
 
-    def choose(plates, shapes):
+    def choose(plates, shapes, local):
         return "sd", "control_variates"
 
     prepared = prepare(logistic, data, {}, _request(), Setup(), choose)
@@ -78,7 +78,7 @@ def test_prepare_without_a_preconditioner_finds_no_mode(data):
         {},
         _request("none"),
         Setup(),
-        lambda plates, shapes: (None, "minibatch"),
+        lambda plates, shapes, local: (None, "minibatch"),
     )
     assert isinstance(prepared.estimator, MinibatchEstimator)
     assert prepared.setup == Setup()

@@ -86,6 +86,20 @@ class Monitored:
         return self._monitor.convergence
 
 
+def _global_coords(one_z, local):
+    """The flat indices (``ravel_pytree`` order) of ``one_z``'s sites other
+    than the ``local`` ones; none without local sites."""
+    if not local or not isinstance(one_z, dict):
+        return ()
+    out, at = [], 0
+    for name in sorted(one_z):  # ravel_pytree's order of a dict's keys
+        size = int(np.size(one_z[name]))
+        if name not in local:
+            out.extend(range(at, at + size))
+        at += size
+    return tuple(out)
+
+
 def start_trace(kernel, state, one_z):
     """``state`` with the convergence check's record when NumPyro's ``MCMC`` is
     running the kernel (none with :func:`~numpyro_sgbd.monitoring.off`)."""
@@ -93,7 +107,7 @@ def start_trace(kernel, state, one_z):
     leaves = jax.tree.leaves(one_z)
     dim = sum(int(np.size(x)) for x in leaves)
     mcmc = driving_mcmc(kernel) if enabled() else None
-    trace_plan = plan(mcmc, dim)
+    trace_plan = plan(mcmc, dim, _global_coords(one_z, getattr(kernel, "_local", {})))
     check = monitor.check
     # Sequential and parallel chains each call `init`: a run starts, and the
     # check's pool of chains with it, only where no chain is pending.

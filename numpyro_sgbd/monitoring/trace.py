@@ -115,14 +115,19 @@ def driving_mcmc(kernel):
     return None
 
 
-def plan(mcmc, dim):
+def plan(mcmc, dim, first=()):
     """The :class:`TracePlan` for a run of ``mcmc`` over ``dim`` coordinates, or
-    ``None`` (no MCMC, or a run too short for the statistics)."""
+    ``None`` (no MCMC, or a run too short for the statistics). The flat indices
+    ``first`` are checked before any other (up to :data:`TRACE_COORDS`), the
+    rest spread evenly: with local sites, the global sites' coordinates, which
+    the rows' thousands would otherwise crowd out."""
     thinning = int(getattr(mcmc, "thinning", 1) or 1)
     if mcmc is None or dim == 0 or mcmc.num_samples // thinning < 4:
         return None
     num_samples = int(mcmc.num_samples)
-    coords = np.unique(np.linspace(0, dim - 1, min(dim, TRACE_COORDS)).round())
+    first = np.asarray(first, int)[:TRACE_COORDS]
+    spread = np.linspace(0, dim - 1, min(dim, TRACE_COORDS - first.size)).round()
+    coords = np.unique(np.concatenate([first, spread]))
     # The kept draws (NumPyro keeps the last sample of each block of
     # `thinning`, as `record` does), thinned further where they do not fit.
     kept = num_samples // thinning
