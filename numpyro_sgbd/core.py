@@ -147,6 +147,11 @@ class Family(NamedTuple):
     :ivar aux_of: ``(state, x) -> aux``, the family's state back from the
         kernel's.
     :ivar tuple checked: statistics whose non-finite values refuse the step.
+    :ivar bool rows_first: with local sites, move the minibatch's rows at the
+        start of the step, given the chain's position, instead of where the
+        family estimates: for a family that estimates between its drifts
+        (NOGIN), whose midpoint is no state of the chain, so rows moved given it
+        would not be a Gibbs step (:mod:`~numpyro_sgbd.local_sites`).
     """
 
     init: Callable
@@ -169,6 +174,7 @@ class Family(NamedTuple):
     state_of: Any = None
     aux_of: Any = None
     checked: tuple = ()
+    rows_first: bool = False
 
 
 def _step_at_end(rule, rng_key, aux, estimate_fn, step_size, *, estimate, **kwargs):
@@ -502,10 +508,23 @@ def _move(parts, state, key_move, key_est, model_args, model_kwargs):
     if state.scale is not None:
         in_scale = family.in_scale or scale_steps
         step, step_kwargs = in_scale(step, step_kwargs, state.scale.scale)
-    local = None if parts.local is None else (key_move, state.local, state.i)
+    local, like = None, state.z
+    if parts.local is not None:
+        local = (key_move, state.local, state.i)
+        if family.rows_first:  # the rows move given the chain's position
+            like, rows_state = parts.local.update(
+                key_est, *local, state.z, model_args, model_kwargs
+            )
+            local = None
     estimate_fn = _estimate_in_x(
-        parts, key_est, state.z, model_args, model_kwargs, state.centre, local
+        parts, key_est, like, model_args, model_kwargs, state.centre, local
     )
+    if parts.local is not None and family.rows_first:
+        moved = ({k: like[k] for k in parts.local.names}, rows_state)
+
+        def estimate_fn(x, estimate_fn=estimate_fn):
+            return estimate_fn(x)._replace(local=moved)
+
     held = noise_sd = None
     if family.keeps_gradient:
         held = GradientEstimate(state.z_grad, noise_sd=state.noise_sd)

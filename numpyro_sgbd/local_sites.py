@@ -7,12 +7,14 @@ row, a per-row scale, a latent position per datum, written as NumPyro writes the
 sites. Each chain holds every :math:`u_i` (the site as an array over all N rows,
 unconstrained, in ``state.z``: memory O(N x site size)). Where a step
 estimates the gradient on its minibatch S (at the end of the step for the rules
-that move on the gradient at their start, SGBD paper Algorithm 2; at the half
-step for NOGIN and BAOAB), it first
+that move on the gradient at their start, SGBD paper Algorithm 2, and for
+BAOAB), it first
 
 1. moves the rows :math:`u_i, i \in S`, each by one Metropolis-adjusted Barker
    step on its exact conditional :math:`p(u_i \mid \theta, y_i) \propto
-   p(u_i, y_i \mid \theta)` at that position :math:`\theta`, which involves
+   p(u_i, y_i \mid \theta)` at that position :math:`\theta` (a state of the
+   chain; NOGIN, which estimates between its two drifts, at no state, moves
+   the rows at the start of its step instead: ``Family.rows_first``), which involves
    datum i alone (:func:`~numpyro_sgbd.updates.barker_mh.barker_mh_rows`); the
    other rows stay;
 2. then estimates :math:`\nabla_\theta \log p(\theta, u, y) = \nabla\log

@@ -462,6 +462,7 @@ class NOGIN(_SGKernel):
             noise_diffusion=None,
             exact_nan_allowed=self._gradient_fn is not None,
             keeps_gradient=False,
+            rows_first=True,
             mean_noise_sd=partial(_nogin_mean_noise_sd, self._covariance),
             flat=True,
             split_init_key=_three_keys,
