@@ -260,7 +260,7 @@ class Monitor:
         self.drift_warned = False
         self.step_checked = True
         #: The kinds of warning the last run gave ("nonfinite", "step", "drift",
-        #: "stall", "convergence", "bias"), in order; reset when a run starts.
+        #: "stall", "noise", "convergence", "bias"), in order; reset when a run starts.
         self.run_warnings = ()
         #: The convergence check's numbers after a run (see
         #: :func:`~numpyro_sgbd.monitoring.report`), or ``None``.

@@ -53,7 +53,8 @@ class Monitored:
     @property
     def run_warnings(self):
         """The kinds of warning the last run gave (``"nonfinite"``, ``"step"``,
-        ``"drift"``, ``"stall"``, ``"convergence"``, ``"bias"``), in order."""
+        ``"drift"``, ``"stall"``, ``"noise"``, ``"convergence"``, ``"bias"``),
+        in order."""
         return self._monitor.run_warnings
 
     @run_warnings.setter

@@ -42,8 +42,9 @@ NOGINState = namedtuple(
         "setup",
         "local",
         "stall_damping",
+        "sampling_damping",
     ],
-    defaults=(None, None, None, None, None, None),
+    defaults=(None, None, None, None, None, None, None),
 )
 NOGINState.__doc__ = """
 State of :class:`NOGIN`. The scalar fields can be collected with
@@ -77,11 +78,28 @@ State of :class:`NOGIN`. The scalar fields can be collected with
    default, see :mod:`numpyro_sgbd.monitoring`): ``noise_damping`` at the end of
    the sample that reached iteration ``max(num_warmup, 100)``, which the stall
    check reads (NaN before it); ``None`` otherwise.
+ - **sampling_damping** - likewise: the mean of ``noise_damping`` at the end of
+   each sample after warmup (0 before), which the noise check reads.
 """
 
 # noise_damping above which the gradient noise, not the step, sets the
 # autocorrelation time (Matthews & Weare, Section 4.3).
 _STALL_DAMPING = 1.0
+# The mean noise_damping over the sampling draws above which the run warns that
+# the O-step's damping by each minibatch's own noise estimate may bias the
+# means. The damping is a function of the estimated covariance, and so of the
+# force's error where the per-datum gradients are skewed: a large error comes
+# with a large estimate, the first half-kick's error is damped and the
+# second's not, and the mean drifts (Matthews & Weare's exactness takes Sigma
+# as known). Measured (benchmarks/local_sites.py, issue 60): plain minibatches
+# (n = 100 of 2,000) on a Student-t scale model with fixed per-row precisions,
+# mean damping 0.27, the scale's mean 2.0 posterior sds off (0.28, within its
+# Monte Carlo error, with the covariance estimated from an independent
+# minibatch); NOGIN's default on the four local-site models and medpar (plain
+# minibatches), means 0.24-1.08 sd off, every run above the threshold (the
+# Student-t one at 0.27); control variates on adaptation_accuracy's default,
+# Fertility and cv1e6 problems, mean damping 0.023, 0.003, 0.003.
+_NOISE_BIAS_DAMPING = 0.1
 # Check the damping once, at this iteration or at the end of warmup if later.
 _STALL_CHECK_ITERATION = 100
 
@@ -479,21 +497,28 @@ class NOGIN(_SGKernel):
             return state
         dtype = jnp.result_type(state.noise_damping)
         return state._replace(
-            stall_damping=jnp.full(jnp.shape(state.i), jnp.nan, dtype)
+            stall_damping=jnp.full(jnp.shape(state.i), jnp.nan, dtype),
+            sampling_damping=jnp.zeros(jnp.shape(state.i), dtype),
         )
 
     def sample(self, state, model_args, model_kwargs):
         # The stall check's record stays out of the step, as the trace does.
-        kept = state.stall_damping
+        kept, mean = state.stall_damping, state.sampling_damping
         new_state = super().sample(
-            state._replace(stall_damping=None), model_args, model_kwargs
+            state._replace(stall_damping=None, sampling_damping=None),
+            model_args,
+            model_kwargs,
         )
         check_at = max(self._num_warmup, _STALL_CHECK_ITERATION)
         crossed = (state.i < check_at) & (new_state.i >= check_at)
         if monitoring.mode() != monitoring.switch.PER_STEP:
             if kept is not None and monitoring.enabled():
                 kept = jnp.where(crossed, new_state.noise_damping, kept)
-            return new_state._replace(stall_damping=kept)
+                # The running mean over the samples after warmup.
+                t = (new_state.i - self._num_warmup) // self._num_steps
+                step = (new_state.noise_damping - mean) / jnp.maximum(t, 1)
+                mean = jnp.where(t >= 1, mean + step, mean).astype(mean.dtype)
+            return new_state._replace(stall_damping=kept, sampling_damping=mean)
         stalled = jnp.any(crossed & (new_state.noise_damping > _STALL_DAMPING))
         return new_state._replace(
             stall_damping=kept,
@@ -508,13 +533,45 @@ class NOGIN(_SGKernel):
 
     def _recorded_checks(self, state, take):
         """The stall check after the run: ``stall_damping`` above 1 in some
-        chain warns, at the iteration the live check would."""
-        damping = take(state.stall_damping)
-        if damping is None or not np.any(damping > _STALL_DAMPING):
-            return []
+        chain warns, at the iteration the live check would; and the noise
+        check: ``sampling_damping`` above :data:`_NOISE_BIAS_DAMPING` in some
+        chain warns at the run's end, where the stall check did not (for a
+        model: there the covariance is estimated from the force's minibatch)."""
+        found = []
         k = self._num_steps
-        at = k * -(-max(self._num_warmup, _STALL_CHECK_ITERATION) // k)
-        return [(at, "stall", partial(self._warn_stall, at, np.nanmax(damping)))]
+        damping = take(state.stall_damping)
+        if damping is not None and np.any(damping > _STALL_DAMPING):
+            at = k * -(-max(self._num_warmup, _STALL_CHECK_ITERATION) // k)
+            found.append(
+                (at, "stall", partial(self._warn_stall, at, np.nanmax(damping)))
+            )
+        mean = take(state.sampling_damping)
+        # A stalled run says more already; under monitoring.per_step the
+        # field is not kept, and this check is not made; a gradient_fn's
+        # covariance need not be estimated from its force's own draws.
+        estimated = self._model is not None
+        noisy = mean is not None and np.any(mean > _NOISE_BIAS_DAMPING)
+        if not found and estimated and noisy:
+            at = int(np.max(take(state.i)))
+            found.append((at, "noise", partial(self._warn_noise, float(np.max(mean)))))
+        return found
+
+    def _warn_noise(self, damping):
+        self._monitor.record_warning("noise")
+        gradient = "plain minibatches" if self._gradient == "minibatch" else None
+        why = f" (the gradient is estimated on {gradient})" if gradient else ""
+        warnings.warn(
+            f"NOGIN: the O-step damped the momentum by {damping:.2g} on average "
+            f"over the sampling draws{why}. It damps by each minibatch's own "
+            "estimate of the gradient noise, which moves with the force's own "
+            "error where the per-datum gradients are skewed: at this noise level "
+            "the means can be off by a posterior sd or more (benchmarks/"
+            "local_sites.py). Use gradient='control_variates' where the model "
+            "allows, a larger subsample_size (the noise variance falls like 1/n), "
+            "or SGLD, whose plain-minibatch draws carry no such bias.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _diagnostic_parts(self, state):
         return [
