@@ -77,7 +77,10 @@ def main(argv=None):
         biased_step = 3.0 * steps[0]
         warned, estimates = 0, []
         for seed in range(args.biased_seeds):
-            kernel = sampler(spec["model"], step_size=biased_step)
+            # In u, as the default's step: with the default's preconditioner.
+            kernel = sampler(
+                spec["model"], step_size=biased_step, preconditioner="auto"
+            )
             kinds, found = one_run(kernel, spec, 1000 + seed, args)
             warned += "bias" in kinds
             estimates.append(np.nan if found is None else found["xi"])
