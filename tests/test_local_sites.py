@@ -253,7 +253,9 @@ def test_the_default_path_runs_a_random_effect_per_row(sampler):
     mu, tau, sigma and the first five rows' effects agree
     (``_agreement.agree``, allowance 0.15 sd). (NOGIN's default runs too, on
     plain minibatches, whose noise biases its means of tau and sigma 0.3-0.5 sd
-    here, and says so: ``test_nogin_on_plain_minibatches_warns_...``.)"""
+    here, and says so: ``test_nogin_on_plain_minibatches_warns_...``.) With
+    each row's conditional raised to the power N / n the SGBD case fails, on
+    tau (checked once)."""
     y = _grouped()
     nuts, sg = runs(
         NUTS(full_batch(random_effects)),
