@@ -143,7 +143,12 @@ def _chunk_parts(terms, name, size, c, sites, model_args, model_kwargs, start):
         g, lin = jax.linearize(lambda r: grad_fn(theta, r), flat)
         eye = jnp.eye(k, dtype=flat.dtype)
         cols = jax.vmap(lambda e: lin(jnp.broadcast_to(e, flat.shape)))(eye)
-        return g, jnp.moveaxis(cols, 0, -1)  # H[j, :, m] = d g_j / d r_jm
+        hess = jnp.moveaxis(cols, 0, -1)  # H[j, :, m] = d g_j / d r_jm
+        # The last chunk's padding rows: no term, so a unit curvature and no
+        # gradient (a zero curvature's floored eigenvalue, 1e-30, made the
+        # derivatives of their masked log-determinants NaN).
+        hess = jnp.where(mask[:, None, None], hess, -eye)
+        return jnp.where(mask[:, None], g, 0.0), hess
 
     return _Chunk(loglik, grad_hess), mask, idx, to_flat
 
