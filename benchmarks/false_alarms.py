@@ -48,6 +48,14 @@ def one_run(kernel, spec, seed, args):
     return kernel.run_warnings, kernel.error_estimate
 
 
+def _span(values):
+    """``"lo-hi"`` of the finite ``values``, or ``"none"`` (no estimate: a
+    chain that stopped on a non-finite value has none)."""
+    values = np.asarray(values, float)
+    values = values[np.isfinite(values)]
+    return f"{values.min():.3f}-{values.max():.3f}" if values.size else "none"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--problem", default="default")
@@ -71,11 +79,11 @@ def main(argv=None):
             f"{args.problem} {name}: default runs warning 'bias' {warned} of "
             f"{args.seeds} ({100 * warned / args.seeds:.0f} %); sampling step "
             f"{np.min(steps):.3f}-{np.max(steps):.3f}, estimated xi "
-            f"{np.min(estimates):.3f}-{np.max(estimates):.3f}",
+            f"{_span(estimates)}",
             flush=True,
         )
         biased_step = 3.0 * steps[0]
-        warned, estimates = 0, []
+        warned, estimates, kinds_seen = 0, [], set()
         for seed in range(args.biased_seeds):
             # In u, as the default's step: with the default's preconditioner.
             kernel = sampler(
@@ -83,11 +91,12 @@ def main(argv=None):
             )
             kinds, found = one_run(kernel, spec, 1000 + seed, args)
             warned += "bias" in kinds
+            kinds_seen.update(kinds)
             estimates.append(np.nan if found is None else found["xi"])
         print(
             f"{args.problem} {name}: step {biased_step:.3f} (3 x the default's): "
             f"runs warning 'bias' {warned} of {args.biased_seeds}; estimated xi "
-            f"{np.nanmin(estimates):.3f}-{np.nanmax(estimates):.3f}",
+            f"{_span(estimates)}; warnings seen {sorted(kinds_seen)}",
             flush=True,
         )
 
