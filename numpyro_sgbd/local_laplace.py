@@ -45,6 +45,7 @@ import numpy as np
 
 from numpyro_sgbd.estimators.compiled import median_start_program, split_arrays
 from numpyro_sgbd.handlers import full_batch
+from numpyro_sgbd.modes import kept_programs
 
 __all__ = [
     "LocalLaplace",
@@ -128,10 +129,14 @@ class _Chunk(NamedTuple):
 
 
 def _chunk_parts(terms, name, size, c, sites, model_args, model_kwargs, start):
+    """``(chunk, mask)``: the :class:`_Chunk` of the ``c`` rows from ``start``
+    of the plate ``name`` (``size`` rows; the last chunk padded, ``mask``
+    false on its padding), from ``terms``
+    (:meth:`~numpyro_sgbd.estimators.MinibatchEstimator._terms`)."""
     idx = start + jnp.arange(c)
     mask = idx < size
     idx = jnp.minimum(idx, size - 1)
-    to_flat, from_flat, k = _row_layout(sites, c)
+    _, from_flat, k = _row_layout(sites, c)
 
     def loglik(theta, flat):
         z = {**theta, **from_flat(flat)}
@@ -150,7 +155,7 @@ def _chunk_parts(terms, name, size, c, sites, model_args, model_kwargs, start):
         hess = jnp.where(mask[:, None, None], hess, -eye)
         return jnp.where(mask[:, None], g, 0.0), hess
 
-    return _Chunk(loglik, grad_hess), mask, idx, to_flat
+    return _Chunk(loglik, grad_hess), mask
 
 
 def _row_modes(chunk, theta, flat):
@@ -182,16 +187,44 @@ def marginal_objective(estimator, sites, model, model_args, model_kwargs, chunk_
     -> (mean, curvature)`` the rows' conditional modes (N, k) and curvatures
     (N, k, k) at x. ``estimator``: a
     :class:`~numpyro_sgbd.estimators.MinibatchEstimator` of the model's one
-    subsample plate with its local ``sites``."""
-    arrays, rebuild, _ = split_arrays((model_args, model_kwargs))
+    subsample plate with its local ``sites``. The compiled programs are kept
+    for the model and the data's shapes (:func:`~numpyro_sgbd.modes.kept_programs`):
+    a refit on data of the same shapes compiles none of them again."""
+    arrays, rebuild, key = split_arrays((model_args, model_kwargs))
     ((name, (size, _, _)),) = estimator.plates.items()
-    c = int(min(chunk_size, size))
+    if key is not None:
+        shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in arrays)
+        key = ("local_laplace", key, shapes, tuple(sorted(sites)), chunk_size)
+
+    def build():
+        return _marginal_programs(
+            estimator, sites, model, rebuild, arrays, name, size, chunk_size
+        )
+
+    start_fn, unravel, value_and_grad, value_grad_hvp, laplace = kept_programs(
+        model, key, build
+    )
+    z0 = start_fn(arrays, random.key(0))
+    x0 = ravel_pytree({k: v for k, v in z0.items() if k not in sites})[0]
+    return (
+        x0,
+        unravel,
+        lambda x: value_and_grad(x, arrays),
+        lambda x, vectors: value_grad_hvp(x, vectors, arrays),
+        lambda x: laplace(x, arrays),
+    )
+
+
+def _marginal_programs(estimator, sites, model, rebuild, arrays, name, size, chunk):
+    """:func:`marginal_objective`'s compiled programs, the data their last
+    argument: ``(start, unravel, value_and_grad, value_grad_hvp, laplace)``."""
+    c = int(min(chunk, size))
     num_chunks = -(-size // c)
     terms = estimator._terms
     start_fn = median_start_program(full_batch(model), rebuild)
-    z0 = start_fn(arrays, random.key(0))
-    theta0 = {k: v for k, v in z0.items() if k not in sites}
-    x0, unravel = ravel_pytree(theta0)
+    z0 = jax.eval_shape(start_fn, arrays, random.key(0))
+    theta0 = {k: jnp.zeros(v.shape, v.dtype) for k, v in z0.items() if k not in sites}
+    unravel = ravel_pytree(theta0)[1]
     k = _row_layout(sites, c)[2]
 
     def potential(x, arrays):
@@ -200,9 +233,7 @@ def marginal_objective(estimator, sites, model, model_args, model_kwargs, chunk_
         rest = _rest(terms, name, size, theta, args, kwargs, sites, c)
 
         def body(total, start):
-            chunk, mask, _, _ = _chunk_parts(
-                terms, name, size, c, sites, args, kwargs, start
-            )
+            chunk, mask = _chunk_parts(terms, name, size, c, sites, args, kwargs, start)
             fixed = jax.lax.stop_gradient(theta)
             init = jnp.zeros((c, k), x.dtype)
             r_hat = jax.lax.stop_gradient(_row_modes(chunk, fixed, init))
@@ -218,8 +249,6 @@ def marginal_objective(estimator, sites, model, model_args, model_kwargs, chunk_
             body, jnp.zeros((), x.dtype), jnp.arange(num_chunks) * c
         )
         return rest - total
-
-    value_and_grad = jax.jit(jax.value_and_grad(potential))
 
     @jax.jit
     def value_grad_hvp(x, vectors, arrays):
@@ -239,9 +268,7 @@ def marginal_objective(estimator, sites, model, model_args, model_kwargs, chunk_
         theta = unravel(x)
 
         def body(_, start):
-            chunk, _, _, _ = _chunk_parts(
-                terms, name, size, c, sites, args, kwargs, start
-            )
+            chunk, _ = _chunk_parts(terms, name, size, c, sites, args, kwargs, start)
             r_hat = _row_modes(chunk, theta, jnp.zeros((c, k), x.dtype))
             _, h = chunk.grad_hess(theta, r_hat)
             w, v = _curvature(h)
@@ -250,13 +277,8 @@ def marginal_objective(estimator, sites, model, model_args, model_kwargs, chunk_
         _, (mean, curv) = jax.lax.scan(body, None, jnp.arange(num_chunks) * c)
         return mean.reshape(-1, k)[:size], curv.reshape(-1, k, k)[:size]
 
-    return (
-        x0,
-        unravel,
-        lambda x: value_and_grad(x, arrays),
-        lambda x, vectors: value_grad_hvp(x, vectors, arrays),
-        lambda x: laplace(x, arrays),
-    )
+    value_and_grad = jax.jit(jax.value_and_grad(potential))
+    return start_fn, unravel, value_and_grad, value_grad_hvp, laplace
 
 
 def row_laplace(mean, curvature):

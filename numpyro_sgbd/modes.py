@@ -61,6 +61,7 @@ __all__ = [
     "find_mode",
     "full_data_objective",
     "hessian_diagonal",
+    "kept_programs",
     "posterior_mode",
     "search_centre",
 ]
@@ -201,7 +202,7 @@ def full_data_objective(
     if key is not None:  # the programs' static sizes: shapes, plates, chunks
         shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in arrays)
         key = (key, shapes, tuple(sorted(plates.items())), chunk_size)
-    programs = _kept_programs(model, key, build)
+    programs = kept_programs(model, key, build)
     start, unravel, value_and_grad, value_grad_hvp, num_data = programs
     rng_key = random.key(0) if rng_key is None else rng_key
     x0 = ravel_pytree(start(arrays, rng_key))[0]
@@ -226,7 +227,7 @@ _KEPT = collections.OrderedDict()
 _KEPT_MAX = 8
 
 
-def _kept_programs(model, key, build):
+def kept_programs(model, key, build):
     """``build()``'s programs, or those kept for ``(model, key)``."""
     if key is None:
         return build()
