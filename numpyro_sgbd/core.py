@@ -147,6 +147,11 @@ class Family(NamedTuple):
     :ivar aux_of: ``(state, x) -> aux``, the family's state back from the
         kernel's.
     :ivar tuple checked: statistics whose non-finite values refuse the step.
+    :ivar bool independent_noise: whether the estimate's noise covariance
+        comes from a second minibatch, drawn independently of the force's, at
+        the same position (NOGIN on plain minibatches: its O-step damps by the
+        covariance, and one estimated from the force's own minibatch moves with
+        the force's error and biases the means).
     :ivar bool rows_first: with local sites, move the minibatch's rows at the
         start of the step, given the chain's position, instead of where the
         family estimates: for a family that estimates between its drifts
@@ -174,6 +179,7 @@ class Family(NamedTuple):
     state_of: Any = None
     aux_of: Any = None
     checked: tuple = ()
+    independent_noise: bool = False
     rows_first: bool = False
 
 
@@ -384,6 +390,11 @@ def _estimate_in_x(parts, key, like, model_args, model_kwargs, centre, local=Non
             z, step = parts.local.update(key, *local, z, model_args, model_kwargs)
             moved = ({k: z[k] for k in parts.local.names}, step)
         est = parts.estimate(key, z, model_args, model_kwargs, centre)
+        if parts.family.independent_noise:  # the covariance from other rows
+            other = parts.estimate(
+                random.fold_in(key, 2), z, model_args, model_kwargs, centre
+            )
+            est = est._replace(noise_cov=other.noise_cov)
         if parts.family.flat:
             est = est._replace(z_grad=ravel_pytree(est.z_grad)[0])
         return est._replace(local=moved)

@@ -403,6 +403,24 @@ def test_nogin_warns_when_noise_damping_stalls_exploration():
         numpyro_sgbd.check(mcmc)
 
 
+def test_nogin_noise_estimate_is_checked_before_compiling():
+    """``noise_estimate`` names one of its three values, and a model's: with
+    ``gradient_fn`` the function returns the covariance itself."""
+    with pytest.raises(ValueError, match="noise_estimate must be 'auto', 'same'"):
+        NOGIN(lambda: None, noise_estimate="other")
+
+    def gradient_fn(rng_key, z):
+        return GradientEstimate(z, noise_cov=jnp.ones(jnp.shape(z)))
+
+    with pytest.raises(ValueError, match="with gradient_fn the function returns"):
+        NOGIN(
+            gradient_fn=gradient_fn,
+            step_size=1.0,
+            covariance="diag",
+            noise_estimate="independent",
+        )
+
+
 def test_nogin_mass_per_site():
     # Two sites on very different scales; mass = precision puts both on unit scale.
     def model(y):

@@ -85,22 +85,23 @@ State of :class:`NOGIN`. The scalar fields can be collected with
 # noise_damping above which the gradient noise, not the step, sets the
 # autocorrelation time (Matthews & Weare, Section 4.3).
 _STALL_DAMPING = 1.0
-# The mean noise_damping over the sampling draws above which the run warns that
-# the O-step's damping by each minibatch's own noise estimate may bias the
+# The mean noise_damping over the sampling draws above which a run whose noise
+# covariance comes from the force's own minibatch (noise_estimate="same", or
+# "auto" with control variates) warns that the O-step's damping may bias the
 # means. The damping is a function of the estimated covariance, and so of the
 # force's error where the per-datum gradients are skewed: a large error comes
 # with a large estimate, the first half-kick's error is damped and the
 # second's not, and the mean drifts (Matthews & Weare's exactness takes Sigma
-# as known). Measured (benchmarks/local_sites.py, issue 60): NOGIN's default
-# on the four local-site models and medpar (plain minibatches, n = 100), means
-# 0.24-1.08 posterior sd off, every run's mean damping above the threshold
-# (the Student-t one's 0.27); control variates on adaptation_accuracy's
-# default, Fertility and cv1e6 problems, 0.023, 0.003, 0.003. Below it the
-# check is blind: the Student-t model with its precisions fixed, on plain
-# minibatches, damped by 0.047 at a step of 0.021 and sat 1.9 sd off (0.28 sd
-# at step 0.025 and damping 0.065 with the covariance estimated from an
-# independent minibatch instead, a one-off patch of the estimator: the
-# mechanism), which its 'step' and 'convergence' warnings flag (ESS ~30).
+# as known). Measured (benchmarks/local_sites.py, issue 60), the covariance
+# from the force's own minibatch: NOGIN's default on the four local-site models
+# and medpar (plain minibatches, n = 100), means 0.24-1.08 posterior sd off,
+# every run's mean damping above the threshold (the Student-t one's 0.27);
+# control variates on adaptation_accuracy's default, Fertility and cv1e6
+# problems, 0.023, 0.003, 0.003. Below it the check is blind: the Student-t
+# model with its precisions fixed, on plain minibatches, damped by 0.047 and
+# sat 1.9 sd off (its 'step' and 'convergence' warnings fire). With the
+# covariance from an independent minibatch (noise_estimate="auto" on plain
+# minibatches) the local-site models' means are 0.04-0.23 sd off.
 _NOISE_BIAS_DAMPING = 0.1
 # Check the damping once, at this iteration or at the end of warmup if later.
 _STALL_CHECK_ITERATION = 100
@@ -295,6 +296,17 @@ class NOGIN(_SGKernel):
     :param str covariance: ``"auto"`` (default: ``"lowrank"`` when n < d, else
         ``"full"``, ``"diag"`` where that matrix would pass 1 GiB), ``"lowrank"``,
         ``"full"`` or ``"diag"``. With ``gradient_fn`` name the form it returns.
+    :param str noise_estimate: where :math:`\Sigma` is estimated from:
+        ``"same"``, the force's own minibatch; ``"independent"``, a second
+        minibatch drawn independently (twice the per-datum gradients a step);
+        ``"auto"`` (default), independent on plain minibatches, the same with
+        control variates. The O-step damps by :math:`\Sigma`; estimated from the
+        force's own rows it moves with the force's error where the per-datum
+        gradients are skewed (a large error, a large estimate: the first
+        half-kick damped, the second not), and the means drift: on plain
+        minibatches 0.24-1.08 posterior sds on ``benchmarks/local_sites.py``'s
+        models, 0.04-0.23 with ``"independent"``. A run that damps by more than
+        0.1 on average with ``"same"`` warns ("noise"). A model only.
     :param bool replace: draw minibatch indices with replacement (as :class:`SGBD`).
     :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
     :param int log_likelihood_size: as for :class:`SGBD`.
@@ -336,10 +348,23 @@ class NOGIN(_SGKernel):
         mass=1.0,
         inverse_temperature=1.0,
         covariance="auto",
+        noise_estimate="auto",
         **options,
     ):
         _check_arguments(step_size, friction, mass, inverse_temperature, covariance)
+        if noise_estimate not in ("auto", "same", "independent"):
+            raise ValueError(
+                "noise_estimate must be 'auto', 'same' or 'independent', got "
+                f"{noise_estimate!r}."
+            )
         super().__init__(*sources, step_size=step_size, **options)
+        if noise_estimate != "auto" and self._model is None:
+            raise ValueError(
+                f"noise_estimate={noise_estimate!r} chooses which minibatch the "
+                "noise covariance comes from: a model's; with gradient_fn the "
+                "function returns it. Leave noise_estimate='auto'."
+            )
+        self._noise_estimate = noise_estimate
         if covariance == "auto" and self._gradient_fn is not None:
             raise ValueError(
                 "With gradient_fn, name the form of the noise covariance your "
@@ -482,6 +507,7 @@ class NOGIN(_SGKernel):
             noise_diffusion=None,
             exact_nan_allowed=self._gradient_fn is not None,
             keeps_gradient=False,
+            independent_noise=self._independent_noise(),
             rows_first=True,
             mean_noise_sd=partial(_nogin_mean_noise_sd, self._covariance),
             flat=True,
@@ -537,8 +563,8 @@ class NOGIN(_SGKernel):
         """The stall check after the run: ``stall_damping`` above 1 in some
         chain warns, at the iteration the live check would; and the noise
         check: ``sampling_damping`` above :data:`_NOISE_BIAS_DAMPING` in some
-        chain warns at the run's end, where the stall check did not (for a
-        model: there the covariance is estimated from the force's minibatch)."""
+        chain warns at the run's end, where the stall check did not and the
+        covariance comes from the force's own minibatch."""
         found = []
         k = self._num_steps
         damping = take(state.stall_damping)
@@ -551,12 +577,19 @@ class NOGIN(_SGKernel):
         # A stalled run says more already; under monitoring.per_step the
         # field is not kept, and this check is not made; a gradient_fn's
         # covariance need not be estimated from its force's own draws.
-        estimated = self._model is not None
+        own = self._model is not None and not self._independent_noise()
         noisy = mean is not None and np.any(mean > _NOISE_BIAS_DAMPING)
-        if not found and estimated and noisy:
+        if not found and own and noisy:
             at = int(np.max(take(state.i)))
             found.append((at, "noise", partial(self._warn_noise, float(np.max(mean)))))
         return found
+
+    def _independent_noise(self):
+        """Whether the noise covariance comes from a second minibatch
+        (``noise_estimate``, resolved once the gradient estimator is)."""
+        if self._model is None or self._noise_estimate == "same":
+            return False
+        return self._noise_estimate == "independent" or self._gradient == "minibatch"
 
     def _warn_noise(self, damping):
         self._monitor.record_warning("noise")
@@ -568,9 +601,9 @@ class NOGIN(_SGKernel):
             "estimate of the gradient noise, which moves with the force's own "
             "error where the per-datum gradients are skewed: at this noise level "
             "the means can be off by a posterior sd or more (benchmarks/"
-            "local_sites.py). Use gradient='control_variates' where the model "
-            "allows, a larger subsample_size (the noise variance falls like 1/n), "
-            "or SGLD, whose plain-minibatch draws carry no such bias.",
+            "local_sites.py). Pass noise_estimate='independent' (the covariance "
+            "from a second minibatch), a larger subsample_size (the noise "
+            "variance falls like 1/n), or use SGLD.",
             RuntimeWarning,
             stacklevel=2,
         )
