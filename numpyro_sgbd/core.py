@@ -378,17 +378,23 @@ def _initial_noise(family, z, estimate_noise):
     )
 
 
-def _estimate_in_x(parts, key, like, model_args, model_kwargs, centre, local=None):
+def _estimate_in_x(
+    parts, key, like, model_args, model_kwargs, centre, local=None, moved=None
+):
     """``estimate_fn(x)``: the estimator at x through ``key`` and the chain's
     centre, with its gradient in x's form. ``like`` is the chain's z, with the
     local sites' rows; ``local``, ``(key_move, LocalState, i)`` where the rows of
-    this minibatch move first, given x (the estimate then carries them)."""
+    this minibatch move first, given x (the estimate then carries them);
+    ``moved``, ``(rows, LocalState)`` where they moved before (``like`` holds
+    them), for the estimate to carry."""
 
     def estimate_fn(x):
-        z, moved = _z_at(parts, x, like), None
+        z = _z_at(parts, x, like)
         if local is not None:
             z, step = parts.local.update(key, *local, z, model_args, model_kwargs)
-            moved = ({k: z[k] for k in parts.local.names}, step)
+            rows = ({k: z[k] for k in parts.local.names}, step)
+        else:
+            rows = moved
         est = parts.estimate(key, z, model_args, model_kwargs, centre)
         if parts.family.independent_noise:  # the covariance from other rows
             other = parts.estimate(
@@ -397,7 +403,7 @@ def _estimate_in_x(parts, key, like, model_args, model_kwargs, centre, local=Non
             est = est._replace(noise_cov=other.noise_cov)
         if parts.family.flat:
             est = est._replace(z_grad=ravel_pytree(est.z_grad)[0])
-        return est._replace(local=moved)
+        return est._replace(local=rows)
 
     return estimate_fn
 
@@ -519,22 +525,17 @@ def _move(parts, state, key_move, key_est, model_args, model_kwargs):
     if state.scale is not None:
         in_scale = family.in_scale or scale_steps
         step, step_kwargs = in_scale(step, step_kwargs, state.scale.scale)
-    local, like = None, state.z
+    local, like, moved = None, state.z, None
     if parts.local is not None:
         local = (key_move, state.local, state.i)
         if family.rows_first:  # the rows move given the chain's position
-            like, rows_state = parts.local.update(
+            like, step_state = parts.local.update(
                 key_est, *local, state.z, model_args, model_kwargs
             )
-            local = None
+            local, moved = None, ({k: like[k] for k in parts.local.names}, step_state)
     estimate_fn = _estimate_in_x(
-        parts, key_est, like, model_args, model_kwargs, state.centre, local
+        parts, key_est, like, model_args, model_kwargs, state.centre, local, moved
     )
-    if parts.local is not None and family.rows_first:
-        moved = ({k: like[k] for k in parts.local.names}, rows_state)
-
-        def estimate_fn(x, estimate_fn=estimate_fn):
-            return estimate_fn(x)._replace(local=moved)
 
     held = noise_sd = None
     if family.keeps_gradient:

@@ -29,6 +29,7 @@ from numpyro_sgbd.modes import (
     check_mode,
     find_mode,
     full_data_objective,
+    hessian,
     mode_hessian,
     public_info,
     search_centre,
@@ -148,8 +149,12 @@ def find_local_preconditioner(
         run, arrays, unravel, drawn
     )
     conditional = Objective(mode, unravel, cond_value_and_grad, cond_hvp, size)
-    diag = np.asarray(hessian_diagonal(cond_hvp, mode), np.float64)
-    pre = _built(form, conditional, mode, {"hessian_diag": diag})
+    if form == "dense":  # d products once: the matrix, and its diagonal
+        full = hessian(cond_hvp, mode)
+        found = {"hessian": full, "hessian_diag": np.diag(full)}
+    else:
+        found = {"hessian_diag": np.asarray(hessian_diagonal(cond_hvp, mode))}
+    pre = _built(form, conditional, mode, found)
     value, grad = cond_value_and_grad(mode)
     report = _report(who, form, why, pre, info, start, searched)
     report["local_sites"] = "Laplace-marginal mode; conditional curvature at a draw"
