@@ -1,24 +1,17 @@
-"""The names this module held before the adapter (:mod:`numpyro_sgbd.kernel`) and
-the samplers (:mod:`numpyro_sgbd.samplers`) were split apart; kept so that
-``from numpyro_sgbd.kernels import SGBD`` goes on working."""
+"""Deprecated: 0.1.0's home of the kernels (now :mod:`numpyro_sgbd.samplers`,
+their state in :mod:`numpyro_sgbd.kernel`). Importing this module warns; it holds
+0.1.0's names, the new modules' own objects."""
 
-from numpyro_sgbd.kernel import Centre, SGState, family_state, wall_time
-from numpyro_sgbd.samplers import (
-    NOGIN,
-    SGBD,
-    SGLD,
-    NOGINState,
-    choose_covariance,
+import warnings
+
+from numpyro_sgbd.kernel import SGState
+from numpyro_sgbd.samplers import SGBD, SGLD
+
+__all__ = ["SGBD", "SGLD", "SGState"]
+
+warnings.warn(
+    "numpyro_sgbd.kernels is deprecated: import SGBD, SGLD and SGState from "
+    "numpyro_sgbd (numpyro_sgbd.samplers).",
+    DeprecationWarning,
+    stacklevel=2,  # the importer (Python skips importlib's frames)
 )
-
-__all__ = [
-    "Centre",
-    "NOGIN",
-    "NOGINState",
-    "SGBD",
-    "SGLD",
-    "SGState",
-    "choose_covariance",
-    "family_state",
-    "wall_time",
-]

@@ -1,43 +1,17 @@
-"""Deprecated: moved to :mod:`numpyro_sgbd.evaluation.reference`, the Laplace
-settings to :mod:`numpyro_sgbd.evaluation.laplace`. Importing this module warns;
-its public names are the new modules' own objects."""
+"""Deprecated: 0.1.0's home of :func:`~numpyro_sgbd.full_batch` (now in
+:mod:`numpyro_sgbd.handlers`). Importing this module warns; it holds 0.1.0's
+one name, the new module's own object."""
 
 import warnings
 
-from numpyro_sgbd.evaluation.laplace import (
-    AUTO_CONDITION,
-    AUTO_SD_RATIO,
-    AUTO_SHRINKAGE,
-    LAPLACE_DENSE_MAX_DIM,
-)
-from numpyro_sgbd.evaluation.reference import (
-    ESS_PER_CHAIN_MIN,
-    RHAT_MAX,
-    PosteriorMode,
-    full_batch,
-    full_batch_scores,
-    posterior_mode,
-    reference_posterior,
-)
+from numpyro_sgbd.handlers import full_batch
 
-__all__ = [
-    "AUTO_CONDITION",
-    "AUTO_SD_RATIO",
-    "AUTO_SHRINKAGE",
-    "ESS_PER_CHAIN_MIN",
-    "LAPLACE_DENSE_MAX_DIM",
-    "PosteriorMode",
-    "RHAT_MAX",
-    "full_batch",
-    "full_batch_scores",
-    "posterior_mode",
-    "reference_posterior",
-]
+__all__ = ["full_batch"]
 
 warnings.warn(
-    "numpyro_sgbd.reference is deprecated: import from "
-    "numpyro_sgbd.evaluation.reference (the Laplace settings from "
-    "numpyro_sgbd.evaluation.laplace), or the public functions from numpyro_sgbd.",
+    "numpyro_sgbd.reference is deprecated: import full_batch from numpyro_sgbd "
+    "(numpyro_sgbd.handlers); the reference posterior is "
+    "numpyro_sgbd.reference_posterior (numpyro_sgbd.evaluation.reference).",
     DeprecationWarning,
     stacklevel=2,  # the importer (Python skips importlib's frames)
 )

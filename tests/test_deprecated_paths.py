@@ -1,71 +1,24 @@
-"""The evaluation side's old module paths (before numpyro_sgbd.evaluation) still
-import: each warns once, pointing at the importer, and gives the new modules'
-own objects."""
+"""0.1.0's module paths (``numpyro_sgbd.kernels``, ``numpyro_sgbd.reference``)
+still import 0.1.0's names: each warns once, pointing at the importer, and gives
+the new modules' own objects. The evaluation side's never-released paths are
+gone."""
 
+import importlib
 import subprocess
 import sys
 
 import pytest
 
-from numpyro_sgbd.evaluation import comparison, criticism, drift, fssd, ksd, laplace
-from numpyro_sgbd.evaluation import reference as reference_module
+from numpyro_sgbd import handlers, kernel, samplers
 
-#: Old path: (its public names, the new module of each, a new path its warning
-#: names).
+#: Old path: (its public names and the module each now lives in, a path its
+#: warning names).
 MOVED = {
-    "numpyro_sgbd.comparison": (
-        {name: comparison for name in ("Comparison", "compare", "plot_marginals")},
-        "numpyro_sgbd.evaluation.comparison",
+    "numpyro_sgbd.kernels": (
+        {"SGBD": samplers, "SGLD": samplers, "SGState": kernel},
+        "numpyro_sgbd.samplers",
     ),
-    "numpyro_sgbd.criticism": (
-        {
-            name: criticism
-            for name in (
-                "LOG_LIKELIHOOD_ROWS",
-                "from_numpyro",
-                "full_data_log_likelihood",
-            )
-        },
-        "numpyro_sgbd.evaluation.criticism",
-    ),
-    "numpyro_sgbd.diagnostics": (
-        {
-            "drift": drift,
-            "fssd": fssd,
-            "fssd_opt": fssd,
-            "imq_ksd": ksd,
-            "ksd": ksd,
-            "posterior_ksd": ksd,
-            "unconstrained_draws_and_scores": ksd,
-        },
-        "numpyro_sgbd.evaluation.ksd",
-    ),
-    "numpyro_sgbd.reference": (
-        {
-            **{
-                name: laplace
-                for name in (
-                    "AUTO_CONDITION",
-                    "AUTO_SD_RATIO",
-                    "AUTO_SHRINKAGE",
-                    "LAPLACE_DENSE_MAX_DIM",
-                )
-            },
-            **{
-                name: reference_module
-                for name in (
-                    "ESS_PER_CHAIN_MIN",
-                    "PosteriorMode",
-                    "RHAT_MAX",
-                    "full_batch",
-                    "full_batch_scores",
-                    "posterior_mode",
-                    "reference_posterior",
-                )
-            },
-        },
-        "numpyro_sgbd.evaluation.reference",
-    ),
+    "numpyro_sgbd.reference": ({"full_batch": handlers}, "numpyro_sgbd.handlers"),
 }
 
 
@@ -84,10 +37,26 @@ def test_an_old_path_warns_and_gives_the_new_objects(old, monkeypatch):
         assert getattr(module, name) is getattr(home, name), name
 
 
-def test_the_package_imports_none_of_the_old_paths():
+@pytest.mark.parametrize(
+    "gone",
+    ["numpyro_sgbd.comparison", "numpyro_sgbd.criticism", "numpyro_sgbd.diagnostics"],
+)
+def test_the_unreleased_paths_are_gone(gone):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(gone)
+
+
+def test_the_package_imports_none_of_the_old_paths_and_no_arviz():
+    """Sampling needs no ArviZ: ``import numpyro_sgbd`` loads neither it nor the
+    evaluation side, which loads on first use of one of its names."""
     code = (
         "import sys, numpyro_sgbd\n"
         f"old = [m for m in {sorted(MOVED)!r} if m in sys.modules]\n"
         "assert not old, old\n"
+        "heavy = [m for m in ('arviz', 'arviz_base', 'xarray', 'pandas', "
+        "'numpyro_sgbd.evaluation.comparison') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "numpyro_sgbd.compare\n"
+        "assert 'numpyro_sgbd.evaluation.comparison' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -16,7 +16,7 @@
 - ``_runs``: the runs :func:`~numpyro_sgbd.compare` takes, read alike;
 - ``_arviz``: everything that differs between ArviZ 0.x and 1.x.
 
-This file imports nothing: ``numpyro_sgbd/__init__.py`` imports ``_arviz`` from
-here before anything else, so that it loads numpyro before any of numpyro's
-submodules (see there).
+This file imports nothing, and ``import numpyro_sgbd`` imports none of these
+modules: the package's evaluation names load them on first use, so sampling
+needs no ArviZ.
 """

@@ -35,10 +35,10 @@ import xarray as xr
 # a lazy module in its place; if numpyro's first import is then of a submodule
 # (``from numpyro.infer import MCMC``, as this package's modules do), numpyro.infer
 # is executed twice and the copy kept lacks its ``initialization`` attribute, so
-# ``az.from_numpyro`` fails with an AttributeError. Executing numpyro here, before
-# any submodule of it is imported (numpyro_sgbd/__init__.py imports this module
-# first), avoids that; under ArviZ 0.x, or with numpyro already loaded, it is a
-# no-op.
+# ``az.from_numpyro`` fails with an AttributeError. numpyro_sgbd/__init__.py
+# executes numpyro before anything else for that reason; this module does it too
+# for whoever imports it directly. Under ArviZ 0.x, or with numpyro already
+# loaded, it is a no-op.
 numpyro.__version__  # an attribute access executes a lazy module
 
 __all__ = [
