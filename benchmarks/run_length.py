@@ -65,20 +65,26 @@ def main(argv=None):
     parser.add_argument("--before", action="store_true", help="also the old rule")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--cache", type=Path, default=Path("/tmp/refs"))
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="also score against importance-sampled Laplace moments "
+        "(adaptation_accuracy.exact_moments; single-site problems)",
+    )
     args = parser.parse_args(argv)
     args.quick, args.seed = False, 0  # the references' own seed stays 0
     rng = np.random.default_rng(0)
     print(
         "| problem | sampler | rule | draws | seed | step | xi | max mean bias | "
-        "estimated xi (ratio) | min ESS | ESS/s | MC floor xi | warnings |\n|"
-        + "---|"
-        * 13,
+        "estimated xi (ratio) | exact xi / bias (ratio) | min ESS | ESS/s | "
+        "MC floor xi | warnings |\n|" + "---|" * 14,
         flush=True,
     )
     rules = ["run length"] + (["fraction"] if args.before else [])
     for name in args.problems:
         spec = accuracy.problem(name, False)
         ref = accuracy.reference(name, spec, args)
+        exact = accuracy.exact_moments(name, spec, args) if args.exact else None
         for s, sampler_name in enumerate(args.samplers):
             for num_samples in args.num_samples:
                 for rule in rules:
@@ -100,10 +106,20 @@ def main(argv=None):
                         if found is not None:
                             est += f" ({found['xi'] / xi:.2f})"
                         step = float(np.max(np.asarray(mcmc.last_state.step_size)))
+                        against = "-"
+                        if exact is not None:
+                            draws = np.asarray(mcmc.get_samples()[spec["site"]])
+                            sd, ex = draws.std(0), exact["sd"]
+                            xi_exact = np.linalg.norm(sd - ex) / np.linalg.norm(ex)
+                            bias = np.max(np.abs(draws.mean(0) - exact["mean"]) / ex)
+                            against = f"{xi_exact:.3f} / {bias:.3f}"
+                            if found is not None:
+                                against += f" ({found['xi'] / xi_exact:.2f})"
                         print(
                             f"| {name} | {sampler_name} | {rule} | {num_samples} | "
                             f"{seed} | {step:.3f} | {xi:.3f} | "
-                            f"{summary['max_bias_mean']:.3f} | {est} | {ess:.0f} | "
+                            f"{summary['max_bias_mean']:.3f} | {est} | {against} | "
+                            f"{ess:.0f} | "
                             f"{ess / seconds:.0f} | {floor_xi:.3f} | "
                             f"{', '.join(kernel.run_warnings) or 'none'} |",
                             flush=True,
