@@ -33,7 +33,8 @@ Prints Markdown tables (and writes nothing):
     100, D log-normal) whose Hessian-vector product costs O(d) and is compiled
     before the measurement. Each form is built as the kernel builds it from the
     mode search's output: dense from the d x d Hessian of d products
-    (``modes.hessian``), low-rank from the Hessian's diagonal and 20 products,
+    (``numpyro_sgbd.mode.hessian``), low-rank from the Hessian's diagonal and 20
+    products,
     diagonal from the diagonal alone. The dense form at d = 10^5 (80 GB with its
     inverse) is not built: ``preconditioning.check_dense`` refuses it, and its
     message is printed.
@@ -69,7 +70,7 @@ from numpyro_sgbd import (  # noqa: E402
     preconditioning,
     unroll_threefry_on_cpu,
 )
-from numpyro_sgbd.modes import full_data_objective, hessian  # noqa: E402
+from numpyro_sgbd.mode import full_data_objective, hessian  # noqa: E402
 
 SUBSAMPLE = 1000
 SPIKES = 10  # directions of the synthetic Hessian the diagonal misses

@@ -28,7 +28,7 @@ import numpyro  # noqa: E402
 import numpyro.distributions as dist  # noqa: E402
 
 from numpyro_sgbd import posterior_mode, unroll_threefry_on_cpu  # noqa: E402
-from numpyro_sgbd.modes import full_data_objective  # noqa: E402
+from numpyro_sgbd.mode import full_data_objective  # noqa: E402
 
 
 def model(group, y, num_groups):

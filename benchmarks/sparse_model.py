@@ -7,7 +7,7 @@ Each datum reads k of d weights, ``mu = sum(w[cols[i]] * vals[i])`` (a sparse
 GLM, a bag of words), n = 500 a minibatch. The corrected variants and NOGIN's
 diagonal covariance need each datum's gradient for the noise statistics: dense,
 that is n x d floats a step, formed a few rows at a time; read through the one
-gather of k weights (``numpyro_sgbd._gathered``), n x k. Printed: ms per step
+gather of k weights (``numpyro_sgbd.estimators.gathered``), n x k. Printed: ms per step
 of SGBD vanilla and corrected and NOGIN with ``covariance="diag"`` (fixed steps,
 no preconditioner), each the difference of two ``MCMC.run`` lengths with
 ``jit_model_args=True`` less the seconds XLA spent compiling, the runs of the

@@ -18,7 +18,7 @@ from numpyro_sgbd.estimators import GradientEstimate  # noqa: E402
 from numpyro_sgbd.handlers import full_batch  # noqa: E402
 from numpyro_sgbd.host import host_data  # noqa: E402
 from numpyro_sgbd.kernel import Centre, SGState  # noqa: E402
-from numpyro_sgbd.modes import PosteriorMode, posterior_mode  # noqa: E402
+from numpyro_sgbd.mode import PosteriorMode, posterior_mode  # noqa: E402
 from numpyro_sgbd.monitoring import ConvergenceWarning, check  # noqa: E402
 from numpyro_sgbd.samplers import (  # noqa: E402
     BAOAB,

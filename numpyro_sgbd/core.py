@@ -11,8 +11,9 @@ The pieces are values, fixed before compiling:
   ``initial_centre(z, model_args, model_kwargs)``: the gradient estimator
   (:mod:`numpyro_sgbd.estimators`);
 - :class:`Adaptation`: the warmup schedule of the step size and of the scales of
-  the whitened coordinates u (SPEC, "Warmup adaptation"), with the preconditioner
-  ``z = z_hat + L u`` (:mod:`numpyro_sgbd.preconditioning`) or ``None``.
+  the whitened coordinates u (``docs/maths.rst``, "Warmup: whitening and the
+  step"), with the preconditioner ``z = z_hat + L u``
+  (:mod:`numpyro_sgbd.preconditioning`) or ``None``.
 
 :func:`build_kernel` closes over them; the :class:`~numpyro.infer.mcmc.MCMCKernel`
 classes (:mod:`numpyro_sgbd.kernel`) are the glue that prepares these values from a

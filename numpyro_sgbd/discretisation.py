@@ -22,7 +22,7 @@ warmup's step cannot give (the bias of a fixed step is a floor the run never
 passes). After the run, :func:`estimate` puts the law's bias at the step the run
 sampled at beside the Monte Carlo error of the run's own sds: the ``estimated
 xi`` that needs no reference. That error comes from the ESS of the squared
-deviations (:func:`~numpyro_sgbd.convergence.sd_error`), about twice the bulk
+deviations (:func:`~numpyro_sgbd.monitoring.convergence.sd_error`), about twice the bulk
 ESS in a diffusive chain, so a default run reports its bias at about 0.7 of its
 Monte Carlo error, not half.
 
@@ -128,8 +128,8 @@ def sampling_step(law, num_steps, state, step):
 def estimate(law, step, tau2, mc_errors, weights=None):
     """A run's own error in its sds, without a reference: the law's bias at the
     step it sampled at beside the Monte Carlo errors ``mc_errors`` of the sds
-    (relative, per coordinate, :func:`~numpyro_sgbd.convergence.sd_error`), as
-    a dict:
+    (relative, per coordinate,
+    :func:`~numpyro_sgbd.monitoring.convergence.sd_error`), as a dict:
 
     - ``sd_bias``: the predicted relative bias of the sds, :func:`sd_bias`;
     - ``mc_error``: the Monte Carlo errors' root mean square, weighted by

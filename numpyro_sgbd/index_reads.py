@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from numpyro_sgbd._gathered import _UNARY
+from numpyro_sgbd.estimators.gathered import UNARY
 
 try:  # public from JAX 0.4.30
     from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Primitive
@@ -70,7 +70,7 @@ _SAME_VALUES_MOVED = {
 _MOVES = {"add", "sub"}
 #: Operations after which an array still has its input's rows (for naming the
 #: model argument that a gather reads): dtype casts and elementwise maps.
-_SAME_ROWS = _UNARY | {"copy", "copy_p", "reduce_precision"}
+_SAME_ROWS = UNARY | {"copy", "copy_p", "reduce_precision"}
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import numpy as np
 
 from numpyro_sgbd.estimators.compiled import median_start_program, split_arrays
 from numpyro_sgbd.handlers import full_batch
-from numpyro_sgbd.modes import kept_programs
+from numpyro_sgbd.mode import kept_programs
 
 __all__ = [
     "LocalLaplace",
@@ -188,7 +188,7 @@ def marginal_objective(estimator, sites, model, model_args, model_kwargs, chunk_
     (N, k, k) at x. ``estimator``: a
     :class:`~numpyro_sgbd.estimators.MinibatchEstimator` of the model's one
     subsample plate with its local ``sites``. The compiled programs are kept
-    for the model and the data's shapes (:func:`~numpyro_sgbd.modes.kept_programs`):
+    for the model and the data's shapes (:func:`~numpyro_sgbd.mode.kept_programs`):
     a refit on data of the same shapes compiles none of them again."""
     arrays, rebuild, key = split_arrays((model_args, model_kwargs))
     ((name, (size, _, _)),) = estimator.plates.items()

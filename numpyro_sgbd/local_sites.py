@@ -36,8 +36,8 @@ kernels is invariant. Given S, the state after step 1 is still distributed as
 the posterior, so S is independent of it and step 2's estimate is unbiased for
 :math:`\nabla_\theta \log p(\theta \mid u, y)`; the rule's move of
 :math:`\theta` on it targets that conditional up to the usual discretisation
-and gradient-noise bias (SPEC; SGBD paper, Section 3). The composition keeps
-the posterior invariant up to that bias alone.
+and gradient-noise bias (``docs/maths.rst``; SGBD paper, Section 3). The
+composition keeps the posterior invariant up to that bias alone.
 
 The local step size h is one scalar for all local sites, adapted in warmup
 (Robbins-Monro on log h) to a mean acceptance of :data:`ACCEPT_TARGET` and fixed

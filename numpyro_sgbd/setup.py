@@ -23,8 +23,7 @@ from numpyro_sgbd.estimators import MinibatchEstimator, unconstrained_centre
 from numpyro_sgbd.estimators.compiled import as_jax_arrays
 from numpyro_sgbd.estimators.minibatch import pulled
 from numpyro_sgbd.handlers import sample_trace
-from numpyro_sgbd.mode_search import hessian_diagonal
-from numpyro_sgbd.modes import (
+from numpyro_sgbd.mode import (
     Objective,
     check_mode,
     find_mode,
@@ -34,6 +33,7 @@ from numpyro_sgbd.modes import (
     public_info,
     search_centre,
 )
+from numpyro_sgbd.mode.search import hessian_diagonal
 
 __all__ = ["Setup", "find_centre", "find_local_preconditioner", "find_preconditioner"]
 
@@ -87,7 +87,7 @@ def find_preconditioner(
     ``"lowrank"`` or ``"diagonal"``; ``who`` names the kernel in messages.
     ``last_mode``, the mode found on earlier data of the same shapes (a refit),
     is where the search starts if the potential is lower there than at the
-    usual start (:func:`~numpyro_sgbd.mode_search.find_mode`)."""
+    usual start (:func:`~numpyro_sgbd.mode.search.find_mode`)."""
     form, why = _form(form, d)
     start = time.perf_counter()
     objective = full_data_objective(
@@ -252,7 +252,7 @@ def find_centre(
 
     The centre is ``given`` (constrained values by site), else the set-up's mode
     (whose potential and gradient the search already evaluated), else found by
-    :func:`~numpyro_sgbd.modes.search_centre`. ``plain`` is the minibatch
+    :func:`~numpyro_sgbd.mode.search_centre`. ``plain`` is the minibatch
     estimator (its full-data pass and its pull-back of gradients into u)."""
 
     def full(centre):  # a pass over the data at the centre, compiled

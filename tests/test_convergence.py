@@ -1,4 +1,5 @@
-"""Host-side convergence statistics (numpyro_sgbd.convergence) against ArviZ 0.x and
+"""Host-side convergence statistics (numpyro_sgbd.monitoring.convergence) against
+ArviZ 0.x and
 against the known ESS of an AR(1) chain."""
 
 import importlib.util
@@ -8,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from numpyro_sgbd.convergence import ess_bulk, ess_tail, rhat, summary
+from numpyro_sgbd.monitoring.convergence import ess_bulk, ess_tail, rhat, summary
 
 # Our own numerics: CI's Python 3.12 (ArviZ 1.x) run skips them; the first run
 # covers them.
@@ -196,7 +197,7 @@ def test_ar1_bulk_ess_is_unbiased_for_its_known_value():
 
 
 def test_module_imports_neither_scipy_nor_arviz():
-    spec = importlib.util.find_spec("numpyro_sgbd.convergence")
+    spec = importlib.util.find_spec("numpyro_sgbd.monitoring.convergence")
     code = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('c', {spec.origin!r})\n"

@@ -27,7 +27,7 @@ from numpyro_sgbd import (
     reference_posterior,
 )
 from numpyro_sgbd.evaluation.ksd import imq_ksd, posterior_ksd
-from numpyro_sgbd.modes import full_data_objective
+from numpyro_sgbd.mode import full_data_objective
 
 N = 90
 # Chunks of 30 divide N; of 40 leave a padded last chunk; of 128 hold all rows.
@@ -146,7 +146,7 @@ from numpyro.infer.util import potential_energy
 sys.path.insert(0, {tests!r})
 from test_full_data_sites import CASES, _truth
 from numpyro_sgbd import shard_data
-from numpyro_sgbd.modes import full_data_objective
+from numpyro_sgbd.mode import full_data_objective
 worst = 0.0
 for case in ("local", "enumerated+local"):
     model, (X, y, *rest), _ = CASES[case]

@@ -1,5 +1,5 @@
 """The mode search shared by posterior_mode, the control-variate centre and the
-Laplace reference (numpyro_sgbd.modes)."""
+Laplace reference (numpyro_sgbd.mode)."""
 
 import logging
 import re
@@ -14,7 +14,7 @@ import pytest
 from scipy import optimize, special
 
 from numpyro_sgbd import posterior_mode
-from numpyro_sgbd.modes import find_mode, full_data_objective
+from numpyro_sgbd.mode import find_mode, full_data_objective
 
 # Our own numerics (no ArviZ, no NumPyro contract): CI's Python 3.12 run
 # skips them; the first run covers them.
@@ -335,7 +335,7 @@ def test_a_search_through_overflowing_curvature_ends_at_the_mode(
     code before the fix looped in CG without end (the cap makes that a failure,
     not a hang). The mode's gradient, recomputed here in float64 NumPy, is
     zero."""
-    import numpyro_sgbd.mode_search as search
+    import numpyro_sgbd.mode.search as search
 
     solves, solve = [0], search._damped_cg
 

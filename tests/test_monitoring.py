@@ -17,8 +17,8 @@ import pytest
 
 import numpyro_sgbd
 from numpyro_sgbd import NOGIN, SGLD, GradientEstimate, monitoring
-from numpyro_sgbd.convergence import ess_bulk
 from numpyro_sgbd.evaluation.drift import drift
+from numpyro_sgbd.monitoring.convergence import ess_bulk
 
 pytestmark = pytest.mark.heavy
 

@@ -142,7 +142,7 @@ def test_full_scores_are_the_model_scores_in_whitened_coordinates():
     L is not diagonal and the Jacobian term counts. Injected bugs: the sign
     flipped, and the pullback L' left out: both fail."""
     from numpyro_sgbd import SGLD, full_batch_scores
-    from numpyro_sgbd.modes import full_data_objective
+    from numpyro_sgbd.mode import full_data_objective
     from numpyro_sgbd.tuning import _full_scores
 
     def regression(x, y):

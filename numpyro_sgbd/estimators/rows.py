@@ -11,7 +11,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from numpyro_sgbd._gathered import (
+from numpyro_sgbd.estimators.gathered import (
     gather_of,
     gathered_rows,
     several_slices,
@@ -109,7 +109,7 @@ class GatheredRows:
     """A chunk of per-datum gradients (in a :class:`StreamedRows`) where some
     parameter leaves are read by each datum through one gather (a row of an
     embedding or factor matrix, a group's effect;
-    :func:`~numpyro_sgbd._gathered.trace_gathers`): such a leaf keeps each
+    :func:`~numpyro_sgbd.estimators.gathered.trace_gathers`): such a leaf keeps each
     datum's slice gradient and start index, every other leaf its dense rows.
     :meth:`moments` and ``a - b`` take O(rows x slice + d) memory and work,
     where dense rows cost O(rows x d).

@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from numpyro_sgbd import convergence, discretisation
+from numpyro_sgbd import discretisation
 from numpyro_sgbd.evaluation import _arviz
 from numpyro_sgbd.evaluation._runs import (
     check_shapes,
@@ -20,6 +20,7 @@ from numpyro_sgbd.evaluation._runs import (
 )
 from numpyro_sgbd.evaluation.ksd import ksd, unconstrained_draws_and_scores
 from numpyro_sgbd.evaluation.reference import ESS_PER_CHAIN_MIN, RHAT_MAX
+from numpyro_sgbd.monitoring import convergence
 
 __all__ = ["Comparison", "compare", "plot_marginals"]
 
@@ -141,7 +142,8 @@ def _draws_and_scores(source, draws, num_draws):
 
 def _ess(flat):
     """``{"bulk", "tail", "r_hat"}`` per component of ``flat`` (chain, draw, K):
-    the rank-normalised ESS and R-hat of :func:`numpyro_sgbd.convergence.summary`
+    the rank-normalised ESS and R-hat of
+    :func:`numpyro_sgbd.monitoring.convergence.summary`
     (NaN R-hat for a single chain), the statistics ArviZ reports and the very
     function the kernels' convergence check uses, so the ESS of a run is one
     figure in both."""
@@ -320,7 +322,7 @@ def _estimated_xi(run, flat, scores, finite):
     """The xi the run's kernel expects without a reference: its rule's bias law
     at the step it sampled at (``kernel.error_estimate``) beside the Monte
     Carlo error of these components' sds over all the run's draws ``flat``
-    (:func:`~numpyro_sgbd.convergence.sd_error`), weighted by their variances
+    (:func:`~numpyro_sgbd.monitoring.convergence.sd_error`), weighted by their variances
     as xi weights them (:func:`~numpyro_sgbd.discretisation.estimate`); NaN
     where the kernel has no estimate."""
     found = error_estimate(run)
@@ -412,7 +414,8 @@ def compare(
     (SGBD paper, supplement eq. 40), which has the parameter's units, and the
     scale-free :math:`|\hat v_j / \mathrm{Var}\,\theta_j - 1|`, the bulk and
     tail ESS and rank-normalised R-hat that ArviZ reports (computed by
-    :func:`numpyro_sgbd.convergence.summary`, as the kernels' convergence check
+    :func:`numpyro_sgbd.monitoring.convergence.summary`, as the kernels'
+    convergence check
     computes them, so that a run's ESS is the same figure in its warning and
     here); over all
     components, the relative error of the posterior standard deviations

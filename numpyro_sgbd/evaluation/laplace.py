@@ -17,7 +17,7 @@ from numpyro.infer.util import constrain_fn
 
 from numpyro_sgbd.enumeration import potential_energy, valued
 from numpyro_sgbd.estimators import split_arrays
-from numpyro_sgbd.modes import (
+from numpyro_sgbd.mode import (
     check_mode,
     find_mode,
     full_data_objective,

@@ -3,8 +3,8 @@
 :class:`full_batch` widens the plates; :func:`reference_posterior` runs NUTS on the
 widened model, checks that it converged and caches the draws on disk;
 :func:`full_batch_scores` evaluates the exact score at draws of any run, for the
-kernel Stein discrepancy. (:func:`~numpyro_sgbd.modes.posterior_mode`, re-exported
-here, lives in :mod:`numpyro_sgbd.modes`.) The Laplace map NUTS may run in
+kernel Stein discrepancy. (:func:`~numpyro_sgbd.mode.posterior_mode`, re-exported
+here, lives in :mod:`numpyro_sgbd.mode`.) The Laplace map NUTS may run in
 comes from :mod:`~numpyro_sgbd.evaluation.laplace`, the cache's keys and files
 from :mod:`~numpyro_sgbd.evaluation.cache`.
 """
@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import MCMC, NUTS, init_to_median
 
-from numpyro_sgbd.convergence import rhat_text
 from numpyro_sgbd.enumeration import require_funsor
 from numpyro_sgbd.estimators import as_jax_arrays
 from numpyro_sgbd.evaluation import _arviz
@@ -34,7 +33,8 @@ from numpyro_sgbd.evaluation.laplace import (
 )
 from numpyro_sgbd.evaluation.scores import _model_sites, full_batch_scores
 from numpyro_sgbd.handlers import full_batch
-from numpyro_sgbd.modes import LOCAL_SITES_REASON, PosteriorMode, posterior_mode
+from numpyro_sgbd.mode import LOCAL_SITES_REASON, PosteriorMode, posterior_mode
+from numpyro_sgbd.monitoring.convergence import rhat_text
 from numpyro_sgbd.validation import check_plate_data
 
 __all__ = [

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgbd import advice, convergence, discretisation
+from numpyro_sgbd import advice, discretisation
+from numpyro_sgbd.monitoring import convergence
 from numpyro_sgbd.monitoring.notes import (
     _DRIFT_MIN_POINTS,
     _warn_nonfinite,

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sgbd import advice
-from numpyro_sgbd.convergence import rhat_text
+from numpyro_sgbd.monitoring.convergence import rhat_text
 from numpyro_sgbd.monitoring.notes import call_host, clock_due, flat_name
 from numpyro_sgbd.monitoring.switch import PER_STEP, enabled, mode
 from numpyro_sgbd.monitoring.trace import (
@@ -70,7 +70,7 @@ class Monitored:
         ``sd_bias`` (the law's predicted relative bias of the sds), ``mc_error``
         (their relative Monte Carlo error, from the ESS of the squared
         deviations in the run's record of draws,
-        :func:`~numpyro_sgbd.convergence.sd_error`), ``xi`` (the expected
+        :func:`~numpyro_sgbd.monitoring.convergence.sd_error`), ``xi`` (the expected
         relative error of the sds, both together:
         :func:`~numpyro_sgbd.compare`'s xi without a reference) and
         ``step_for_mc`` (the step whose bias would be half that Monte Carlo

@@ -13,13 +13,14 @@ reads when the run has ended (:mod:`~numpyro_sgbd.monitoring.checks`; under
 the host with it). There :class:`ConvergenceCheck` pools
 the chains and computes the rank-normalised bulk and tail ESS and split R-hat of
 Vehtari et al. (2021), the statistics ArviZ reports, with
-:mod:`numpyro_sgbd.convergence`.
+:mod:`numpyro_sgbd.monitoring.convergence`.
 
 The record holds every draw the run keeps (every ``thinning``-th sample of
 NumPyro's ``MCMC``) where that fits in :data:`TRACE_ROWS` x :data:`TRACE_COORDS`
 values per chain (more rows where fewer coordinates are checked), so the check's
 ESS is that of the draws ``mcmc.get_samples()`` returns, computed as
-:func:`~numpyro_sgbd.compare` computes it (:func:`numpyro_sgbd.convergence.summary`):
+:func:`~numpyro_sgbd.compare` computes it
+(:func:`numpyro_sgbd.monitoring.convergence.summary`):
 for a model of up to 256 unconstrained coordinates the two agree exactly. A
 longer run is thinned further, evenly; the ESS of draws thinned to k rows is about
 ``min(k, ESS of the chain)``, so a chain with fewer than :data:`MIN_ESS`
@@ -206,7 +207,7 @@ def report(draws, coords):
     the per-coordinate ``ess_bulk``, ``ess_tail`` and ``rhat`` (for one chain the
     split R-hat of its halves, recorded but not checked: ``rhat_checked``), their
     worst values and flat coordinates, and what was checked."""
-    from numpyro_sgbd import convergence
+    from numpyro_sgbd.monitoring import convergence
 
     stats = convergence.summary(draws)
     ess = np.fmin(stats.ess_bulk, stats.ess_tail)

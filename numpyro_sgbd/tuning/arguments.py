@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from numpyro_sgbd.modes import _subsample_plates
+from numpyro_sgbd.mode import model_plates
 from numpyro_sgbd.samplers import NOGIN, SGBD, SGHMC, SGLD, SGNHT
 
 #: The samplers :func:`~numpyro_sgbd.tuning.tune` knows by name, and its default set.
@@ -233,7 +233,7 @@ def _subsample_choice(plates, subsample_sizes):
 def plate_choice(model, model_args, model_kwargs, gradients, subsample_sizes):
     """The :class:`PlateChoice` of a model (its arguments as JAX arrays): tune
     compares minibatch samplers, so the model must have a subsample plate."""
-    plates = _subsample_plates(model, model_args, model_kwargs)
+    plates = model_plates(model, model_args, model_kwargs)
     if not plates:
         raise ValueError(
             "tune compares minibatch samplers, but the model has no subsample "

@@ -26,7 +26,7 @@ import numpy as np
 
 from numpyro_sgbd.estimators import ControlVariateEstimator, split_arrays
 from numpyro_sgbd.handlers import subsample_size
-from numpyro_sgbd.modes import full_data_objective
+from numpyro_sgbd.mode import full_data_objective
 from numpyro_sgbd.samplers import SGLD
 from numpyro_sgbd.tuning.arguments import Arm, constructor_accepts
 from numpyro_sgbd.tuning.programs import (

@@ -4,10 +4,10 @@ A datum's log-likelihood usually touches a large parameter only through an
 index: a user's row of a factor matrix (``U[users[i]]``), a group's effect
 (``alpha[group[i]]``). Its gradient in that parameter is then zero outside one
 slice, and the noise statistics the corrected kernels need (per-coordinate
-mean and sum of squared deviations over the n data of a minibatch, SPEC.md,
-noise estimation) follow from the slices' gradients and where they sit: O(n
-times the slice) work plus a few passes over the parameter, where forming each
-datum's dense gradient costs O(n d).
+mean and sum of squared deviations over the n data of a minibatch,
+``docs/maths.rst``, "Gradient noise") follow from the slices' gradients and where
+they sit: O(n times the slice) work plus a few passes over the parameter, where
+forming each datum's dense gradient costs O(n d).
 
 :func:`trace_gathers` finds such parameters in the program of one datum's term
 (JAX's jaxpr); :func:`gathered_rows` evaluates that program with each of their
@@ -50,7 +50,7 @@ class GatherPlan:
 #: Elementwise operations of one array that may stand between a leaf and its
 #: gather (a constrained parameter's transform: ``exp`` for a positive one, the
 #: logistic for a unit interval); they commute with taking a slice.
-_UNARY = {
+UNARY = {
     "abs",
     "convert_element_type",
     "cos",
@@ -80,7 +80,7 @@ def _commutes_with_slicing(eqn, position):
     (out,) = eqn.outvars
     if out.aval.shape != eqn.invars[position].aval.shape:
         return False
-    if name in _UNARY:
+    if name in UNARY:
         return len(eqn.invars) == 1
     if name in _WITH_SCALAR and len(eqn.invars) == 2:
         return eqn.invars[1 - position].aval.shape == ()

@@ -5,7 +5,7 @@ at a time: its rows (:func:`hessian_rows`), its diagonal
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["hessian_diagonal", "hessian_rows", "symmetric"]
+__all__ = ["hessian", "hessian_diagonal", "hessian_rows", "mode_hessian", "symmetric"]
 
 
 def hessian_rows(hvp, x, *, block=64):
@@ -26,7 +26,7 @@ def hessian_diagonal(hvp, x, *, block=64):
     """The Hessian's diagonal at ``x`` from ``d`` Hessian-vector products, ``block``
     at a time: memory O(block x d), never d x d.
 
-    :param hvp: ``(x, V) -> rows H v`` as :attr:`~numpyro_sgbd.modes.Objective.hvp`.
+    :param hvp: ``(x, V) -> rows H v`` as :attr:`~numpyro_sgbd.mode.Objective.hvp`.
     :param x: the flat point.
     :return: a float64 NumPy array of length d.
 
@@ -51,3 +51,21 @@ def symmetric(rows):
 
 
 # ------------------------------------------------ scaling and the CG solve
+
+
+def hessian(hvp, x, *, block=64):
+    """The full d x d Hessian at ``x`` (symmetrised), d Hessian-vector products
+    ``block`` at a time. For the Laplace map of a reference, not for the search."""
+    d = x.shape[0]
+    out = np.empty((d, d))
+    for start, rows in hessian_rows(hvp, x, block=block):
+        out[start : start + rows.shape[0]] = rows
+    return symmetric(out)
+
+
+def mode_hessian(objective, x, info):
+    """The symmetrised Hessian at ``find_mode``'s point ``x``: the one the search
+    formed there (up to 64 parameters), else d Hessian-vector products."""
+    if info.get("hessian") is not None:
+        return info["hessian"]
+    return hessian(objective.hvp, x)

@@ -1,11 +1,11 @@
 """The mode search: damped Newton-CG on a flat potential, and the Hessian's rows.
 
 :func:`find_mode` minimises the potential of an
-:class:`~numpyro_sgbd.modes.Objective` (``value_and_grad``, Hessian-vector
+:class:`~numpyro_sgbd.mode.Objective` (``value_and_grad``, Hessian-vector
 products ``hvp`` and, where the model is small, ``value_grad_hvp``): Newton's
 method with Levenberg-Marquardt damping, its steps solved by conjugate gradients
 (Nocedal & Wright 2006, Algorithm 5.2 and Section 7.1). It knows nothing of
-models: :mod:`numpyro_sgbd.modes` builds the objective from one, and checks and
+models: :mod:`numpyro_sgbd.mode` builds the objective from one, and checks and
 reports what the search found.
 
 It runs in stages, each a function of the values before it: the start, Newton-CG
@@ -31,7 +31,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgbd.hessian import hessian_diagonal, symmetric
+from numpyro_sgbd.mode.hessian import hessian_diagonal, symmetric
 
 __all__ = ["find_mode", "hessian_diagonal"]
 
@@ -478,7 +478,7 @@ def _report(passes, search, closeness, settings):
         "converged": converged,
         "stop": search.stop,
         "seconds": seconds,
-        # Private (see `modes.public_info`): the gradient at x, so that a control
+        # Private (see `mode.public_info`): the gradient at x, so that a control
         # variate centred there needs no pass of its own, and the Hessian there
         # where it was formed (up to _EXACT_BELOW parameters).
         "gradient": search.grad,
@@ -540,7 +540,7 @@ def find_mode(
     (at most three times). Reports progress through the ``numpyro_sgbd`` logger
     (INFO) every few seconds and at the end.
 
-    :param Objective objective: from :func:`~numpyro_sgbd.modes.full_data_objective`.
+    :param Objective objective: from :func:`~numpyro_sgbd.mode.full_data_objective`.
     :param int max_iter: Newton-CG steps at most.
     :param int max_cg: Hessian-vector products per step at most.
     :param float tol: the target squared Newton decrement.
