@@ -132,7 +132,7 @@ def _chunk_parts(terms, name, size, c, sites, model_args, model_kwargs, start):
     """``(chunk, mask)``: the :class:`_Chunk` of the ``c`` rows from ``start``
     of the plate ``name`` (``size`` rows; the last chunk padded, ``mask``
     false on its padding), from ``terms``
-    (:meth:`~numpyro_sgbd.estimators.MinibatchEstimator._terms`)."""
+    (:meth:`~numpyro_sgbd.estimators.MinibatchEstimator.terms`)."""
     idx = start + jnp.arange(c)
     mask = idx < size
     idx = jnp.minimum(idx, size - 1)
@@ -220,7 +220,7 @@ def _marginal_programs(estimator, sites, model, rebuild, arrays, name, size, chu
     argument: ``(start, unravel, value_and_grad, value_grad_hvp, laplace)``."""
     c = int(min(chunk, size))
     num_chunks = -(-size // c)
-    terms = estimator._terms
+    terms = estimator.terms
     start_fn = median_start_program(full_batch(model), rebuild)
     z0 = jax.eval_shape(start_fn, arrays, random.key(0))
     theta0 = {k: jnp.zeros(v.shape, v.dtype) for k, v in z0.items() if k not in sites}

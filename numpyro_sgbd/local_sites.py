@@ -56,7 +56,6 @@ from numpyro.primitives import Messenger
 from numpyro_sgbd.enumeration import is_enumerated
 from numpyro_sgbd.estimators.compiled import as_jax_arrays
 from numpyro_sgbd.estimators.indices import gather_local
-from numpyro_sgbd.estimators.minibatch import datum_log_density
 from numpyro_sgbd.updates.barker_mh import barker_mh_rows
 
 __all__ = [
@@ -214,7 +213,7 @@ def local_update(estimator, sites, num_warmup):
     """The :class:`LocalUpdate` of ``sites`` (``{name: LocalSite}``) for the
     :class:`~numpyro_sgbd.estimators.MinibatchEstimator` ``estimator`` (its
     draw gives the minibatch, and
-    :func:`~numpyro_sgbd.estimators.minibatch.datum_log_density` each row's
+    :meth:`~numpyro_sgbd.estimators.MinibatchEstimator.datum_log_density` each row's
     conditional), adapting the step during the first ``num_warmup`` steps."""
     names = tuple(sorted(sites))
     (plate,) = {s.plate for s in sites.values()}
@@ -235,7 +234,7 @@ def local_update(estimator, sites, num_warmup):
 
         def log_density(row, i):
             one = {k: jnp.expand_dims(r, sites[k].axis) for k, r in row.items()}
-            return datum_log_density(estimator, {**rest, **one}, i, args, kwargs)
+            return estimator.datum_log_density({**rest, **one}, i, args, kwargs)
 
         value_and_grad = jax.vmap(jax.value_and_grad(log_density))
         new_rows, acceptance = barker_mh_rows(

@@ -21,7 +21,6 @@ import numpy as np
 from numpyro_sgbd import local_laplace, preconditioning
 from numpyro_sgbd.estimators import MinibatchEstimator, unconstrained_centre
 from numpyro_sgbd.estimators.compiled import as_jax_arrays
-from numpyro_sgbd.estimators.minibatch import pulled
 from numpyro_sgbd.handlers import sample_trace
 from numpyro_sgbd.mode import (
     Objective,
@@ -279,7 +278,7 @@ def find_centre(
             **setup.adaptation_info["mode_search"],
         }
         potential, grad = setup.mode_value_grad
-        return setup.mode, potential, pulled(plain, grad)[0], info
+        return setup.mode, potential, plain.pull(grad)[0], info
     centre, info = search_centre(model, model_args, model_kwargs, chunk_size)
     potential, grad = full(centre)
     return centre, potential, grad, info

@@ -18,7 +18,6 @@ from numpyro_sgbd.estimators import (
     ControlVariateEstimator,
     MinibatchEstimator,
 )
-from numpyro_sgbd.estimators.minibatch import pulled
 
 # Our own numerics (no ArviZ, no NumPyro contract): CI's Python 3.12 run
 # skips them; the first run covers them.
@@ -547,13 +546,13 @@ def test_noise_from_a_subset_of_rows_is_unbiased():
     )
     rows = {"w": jnp.ones((n, 3)), "sigma": jnp.ones(n)}
     grad = jax.tree.map(lambda r: r[0], rows)
-    assert pulled(sorted_draw, grad, rows)[1].shape == (n, 4)
-    assert pulled(subset, grad, rows)[1].shape == (m, 4)
+    assert sorted_draw.pull(grad, rows)[1].shape == (n, 4)
+    assert subset.pull(grad, rows)[1].shape == (m, 4)
     # A covariance (NOGIN's, used as it is at each step) keeps every row.
     diag = MinibatchEstimator(
         model, PLATES, covariance="diag", pullback=pre.pull, replace=True, noise_rows=m
     )
-    assert pulled(diag, grad, rows)[1].shape == (n, 4)
+    assert diag.pull(grad, rows)[1].shape == (n, 4)
     keys = random.split(random.key(4), 3000)
     a = jax.jit(jax.vmap(lambda k: subset(k, Z, (X, Y))))(keys)
     b = jax.jit(jax.vmap(lambda k: every(k, Z, (X, Y))))(keys)

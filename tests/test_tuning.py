@@ -448,9 +448,7 @@ def test_a_traced_subsample_size_is_the_kernels_estimate_of_that_size(
     est = with_setup(own.estimator, setup_values(own, declared.preconditioner))
     if gradient == "control_variates":
         plain = est.estimator
-        ref = plain.summarise(
-            *plain.evaluate_difference(z, est.centre, idx, (x, y), {})
-        )
+        ref = plain.summarise(*plain.evaluate(z, idx, (x, y), {}, centre=est.centre))
         ref = ref._replace(
             z_grad=ref.z_grad + est.centre_grad,
             potential_energy=ref.potential_energy + est.centre_potential,

@@ -95,6 +95,32 @@ class Estimator:
         """The chain's centre after its draw ``z`` at iteration ``i``."""
         return centre
 
+    # The full-data pass, for an estimator of a model with a subsample plate:
+    # such an estimator gives ``full_data_parts(model_args, model_kwargs,
+    # chunk_size) -> (run, arrays)``, ``run(z, arrays)`` jitted.
+    def full_data(self, z, model_args=(), model_kwargs=None, *, chunk_size=4096):
+        """The exact full-data potential and its gradient at ``z``, summed over the
+        data in chunks of ``chunk_size`` rows: memory O(chunk_size x d), never
+        O(N x d). Needs exactly one subsample plate.
+
+        :return: ``(U(z), grad U(z))``.
+        """
+        return self.full_data_fn(model_args, model_kwargs, chunk_size=chunk_size)(z)
+
+    def full_data_fn(self, model_args=(), model_kwargs=None, *, chunk_size=4096):
+        """:meth:`full_data` as a jitted function of z, compiled once for these
+        model arguments (for an optimiser's repeated calls); the data are
+        arguments of the compiled function, not constants in it."""
+        run, arrays = self.full_data_parts(model_args, model_kwargs, chunk_size)
+        return lambda z: run(z, arrays)
+
+    def full_data_parts(self, model_args=(), model_kwargs=None, chunk_size=4096):
+        """``(run, arrays)``: :meth:`full_data` is ``run(z, arrays)``."""
+        raise TypeError(
+            f"{type(self).__name__} has no full-data pass: it needs a model with "
+            "a subsample plate (MinibatchEstimator, ControlVariateEstimator)."
+        )
+
 
 class PotentialEstimator(Estimator):
     """Exact gradients of a potential function: full-batch unadjusted dynamics.

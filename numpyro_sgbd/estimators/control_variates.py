@@ -113,18 +113,6 @@ class ControlVariateEstimator(Estimator):
     pullback = property(lambda self: self.estimator.pullback)
     sharding = property(lambda self: self.estimator.sharding)
 
-    def full_data(self, z, model_args=(), model_kwargs=None, *, chunk_size=4096):
-        """The wrapped estimator's exact full-data potential and gradient."""
-        return self.estimator.full_data(
-            z, model_args, model_kwargs, chunk_size=chunk_size
-        )
-
-    def full_data_fn(self, model_args=(), model_kwargs=None, *, chunk_size=4096):
-        """The wrapped estimator's :meth:`~MinibatchEstimator.full_data_fn`."""
-        return self.estimator.full_data_fn(
-            model_args, model_kwargs, chunk_size=chunk_size
-        )
-
     def full_data_parts(self, model_args=(), model_kwargs=None, chunk_size=4096):
         """The wrapped estimator's :meth:`~MinibatchEstimator.full_data_parts`."""
         return self.estimator.full_data_parts(model_args, model_kwargs, chunk_size)
@@ -147,7 +135,7 @@ class ControlVariateEstimator(Estimator):
             if type(est).evaluate is MinibatchEstimator.evaluate:
                 # Its own evaluate: both points formed as one (one gather, one
                 # pullback); a subclass's evaluate is called as it is.
-                return est.evaluate_difference(z, centre, indices, args, kwargs)
+                return est.evaluate(z, indices, args, kwargs, centre=centre)
             return parts_difference(
                 est.evaluate(z, indices, args, kwargs),
                 est.evaluate(centre, indices, args, kwargs),

@@ -14,7 +14,13 @@ from jax.sharding import PartitionSpec
 
 from numpyro_sgbd.estimators.indices import gather_local
 
-__all__ = ["chunked_full_data", "shard_sites", "sharded_local_run", "split_local"]
+__all__ = [
+    "chunked_full_data",
+    "shard_sites",
+    "sharded_local_run",
+    "split_local",
+    "summed_over_shards",
+]
 
 
 def split_local(z, sites):
@@ -69,12 +75,26 @@ def sharded_local_run(local_run, sharding, sites):
     return run
 
 
+def summed_over_shards(run, sharding, sites=None):
+    """One shard's full-data ``run(z, arrays)`` (each shard's own rows, the prior
+    weighted 1/K) as the whole data's: the shards' potentials and gradients
+    summed in one all-reduce; with local sites ``sites`` each shard's rows of
+    them stay on it (:func:`sharded_local_run`)."""
+    if sites:
+        return sharded_local_run(run, sharding, sites)
+
+    def on_shard(z, arrays):
+        return jax.lax.psum(run(z, arrays), sharding.axis)
+
+    return jax.jit(sharding.map(on_shard))
+
+
 def chunked_full_data(terms, name, size, rebuild, chunk_size, pull, sites=None):
     """:meth:`MinibatchEstimator.full_data_parts`' ``run`` on one device: the
     full-data potential and its gradient as a scan over chunks of ``chunk_size``
     rows of the plate ``name`` (``size`` rows; the last chunk padded and masked),
-    from ``terms`` (:meth:`MinibatchEstimator._terms`), the gradient passed
-    through ``pull``.
+    from ``terms`` (:meth:`MinibatchEstimator.terms`), the gradient passed
+    through ``pull`` (:meth:`MinibatchEstimator.pull`: ``grad -> (grad, _)``).
 
     ``sites``: ``{name: LocalSite}`` of the local sites, whose N rows z holds
     (:mod:`~numpyro_sgbd.local_sites`). Each chunk substitutes its own rows of
@@ -129,7 +149,7 @@ def chunked_full_data(terms, name, size, rebuild, chunk_size, pull, sites=None):
         rest, rest_grad = rest_and_grad(z)
         grad = jax.tree.map(jnp.subtract, rest_grad, loglik_grad)
         grad = {**grad, **jax.tree.map(jnp.negative, local_grad)} if sites else grad
-        return rest - loglik, pull(grad)
+        return rest - loglik, pull(grad)[0]
 
     return run
 

@@ -16,8 +16,8 @@ from numpyro_sgbd.estimators.compiled import as_jax_arrays, split_arrays
 from numpyro_sgbd.estimators.full_data import (
     chunked_full_data,
     shard_sites,
-    sharded_local_run,
     split_local,
+    summed_over_shards,
 )
 from numpyro_sgbd.estimators.indices import (
     draw_indices,
@@ -39,7 +39,7 @@ from numpyro_sgbd.estimators.rows import (
 from numpyro_sgbd.estimators.static_gathers import without_static_gathers
 from numpyro_sgbd.handlers import fix_plates, shard_local
 
-__all__ = ["MinibatchEstimator", "datum_log_density", "pulled"]
+__all__ = ["MinibatchEstimator"]
 
 
 class MinibatchEstimator(Estimator):
@@ -173,7 +173,7 @@ class MinibatchEstimator(Estimator):
             for key, (name, (size, n, _)) in zip(keys, self.plates.items())
         }
 
-    def _terms(self, z, indices, model_args, model_kwargs, with_terms=None, local=None):
+    def terms(self, z, indices, model_args, model_kwargs, with_terms=None, local=None):
         """(potential estimate, scaled per-datum log-likelihood terms h_i or None).
 
         ``indices`` fixes every subsample plate (``{name: indices}``); an index
@@ -229,29 +229,48 @@ class MinibatchEstimator(Estimator):
 
         return sharding.map(on_shard)(rng_key, operand, arrays)
 
-    def evaluate(self, z, indices, model_args, model_kwargs):
+    def evaluate(self, z, indices, model_args, model_kwargs, centre=None):
         """``(potential, its gradient, per-datum gradients or None)`` at ``z`` on
         the minibatch ``indices`` (from :meth:`draw`); the gradients in u where
-        there is a pullback. The per-datum gradients (rows) are formed where the
-        noise is estimated."""
-        value, grad, per_datum_grads = self._at_z(z, indices, model_args, model_kwargs)
-        return (value, *pulled(self, grad, per_datum_grads))
-
-    def evaluate_difference(self, z, centre, indices, model_args, model_kwargs):
-        """:meth:`evaluate` at ``z`` minus at ``centre`` on the same ``indices``
-        (control variates), with vmapped per-datum gradients one function of
-        both points (one gather of a datum's rows) and one (linear) pullback."""
+        there is a pullback (:meth:`pull`). The per-datum gradients (rows) are
+        formed where the noise is estimated. With ``centre``: the same at ``z``
+        minus at ``centre`` on the same ``indices`` (control variates), the
+        vmapped per-datum gradients one function of both points (one gather of a
+        datum's rows) and one (linear) pullback."""
         value, grad, rows = self._at_z(z, indices, model_args, model_kwargs, centre)
-        return (value, *pulled(self, grad, rows))
+        return (value, *self.pull(grad, rows))
+
+    def pull(self, grad, per_datum_grads=None):
+        """Gradients in u (flat) where there is a pullback (of the per-datum
+        ones, the first ``noise_rows`` where they serve the noise sd only:
+        :func:`~numpyro_sgbd.estimators.rows.noise_subset`); unchanged
+        otherwise."""
+        if self.pullback is None:
+            return grad, per_datum_grads
+        grad = self.pullback(ravel_pytree(grad)[0])
+        if per_datum_grads is not None:
+            some = self.noise_rows if self.covariance is None else None
+            rows = noise_subset(per_datum_grads, some, self.plates, self.replace)
+            per_datum_grads = pulled_rows(self.pullback, rows)
+        return grad, per_datum_grads
+
+    def datum_log_density(self, z, i, model_args, model_kwargs):
+        """log p(u_i, y_i | theta) + log p(theta) / N: the density of datum ``i``
+        of the one subsample plate and its local sites (their row in ``z``, with
+        the other sites), minus its one-datum potential over N
+        (:mod:`~numpyro_sgbd.local_sites`)."""
+        ((name, (size, _, _)),) = self.plates.items()
+        value, _ = self.terms(z, {name: i[None]}, model_args, model_kwargs, False)
+        return -value / size
 
     def _at_z(self, z, indices, model_args, model_kwargs, centre=None):
-        """:meth:`evaluate` (with ``centre``, :meth:`evaluate_difference`) before
-        the pullback: the per-datum gradients at once (a Jacobian or vmapped
-        one-datum potentials, as ``per_datum`` says), or a chunk at a time where
-        n x d floats pass the row budget and the noise needs only variances."""
+        """:meth:`evaluate` (with or without ``centre``) before the pullback: the
+        per-datum gradients at once (a Jacobian or vmapped one-datum potentials,
+        as ``per_datum`` says), or a chunk at a time where n x d floats pass the
+        row budget and the noise needs only variances."""
         z, local = split_local(z, self.local)
         terms = partial(
-            self._terms, model_args=model_args, model_kwargs=model_kwargs, local=local
+            self.terms, model_args=model_args, model_kwargs=model_kwargs, local=local
         )
         if centre is not None:
             apart = partial(self._at_z, indices=indices, model_args=model_args)
@@ -302,22 +321,6 @@ class MinibatchEstimator(Estimator):
         )
         return GradientEstimate(grad, noise_sd, value, cov)
 
-    def full_data(self, z, model_args=(), model_kwargs=None, *, chunk_size=4096):
-        """The exact full-data potential and its gradient at ``z``, summed over the
-        data in chunks of ``chunk_size`` rows: memory O(chunk_size x d), never
-        O(N x d). Needs exactly one subsample plate.
-
-        :return: ``(U(z), grad U(z))``.
-        """
-        return self.full_data_fn(model_args, model_kwargs, chunk_size=chunk_size)(z)
-
-    def full_data_fn(self, model_args=(), model_kwargs=None, *, chunk_size=4096):
-        """:meth:`full_data` as a jitted function of z, compiled once for these
-        model arguments (for an optimiser's repeated calls); the data are
-        arguments of the compiled function, not constants in it."""
-        run, arrays = self.full_data_parts(model_args, model_kwargs, chunk_size)
-        return lambda z: run(z, arrays)
-
     def full_data_parts(self, model_args=(), model_kwargs=None, chunk_size=4096):
         """``(run, arrays)``: :meth:`full_data` is ``run(z, arrays)``, jitted, with
         the array leaves of the model arguments as its second argument (so that a
@@ -328,54 +331,16 @@ class MinibatchEstimator(Estimator):
         handlers.shard_local`)."""
         model_kwargs = {} if model_kwargs is None else model_kwargs
         if self.sharding is not None:
-            local_run, arrays = self.shard.full_data_parts(
+            run, arrays = self.shard.full_data_parts(
                 model_args, model_kwargs, chunk_size
             )
-            if self.local:
-                return sharded_local_run(local_run, self.sharding, self.local), arrays
-            axis = self.sharding.axis
-
-            def on_shard(z, arrays):
-                return jax.lax.psum(local_run(z, arrays), axis)
-
-            return jax.jit(self.sharding.map(on_shard)), arrays
+            return summed_over_shards(run, self.sharding, self.local), arrays
         arrays, rebuild, _ = split_arrays(as_jax_arrays((model_args, model_kwargs)))
         ((name, (size, _, _)),) = self.plates.items()
         run = chunked_full_data(
-            self._terms,
-            name,
-            size,
-            rebuild,
-            chunk_size,
-            lambda g: pulled(self, g)[0],
-            self.local,
+            self.terms, name, size, rebuild, chunk_size, self.pull, self.local
         )
         return run, arrays
-
-
-def datum_log_density(estimator, z, i, model_args, model_kwargs):
-    """log p(u_i, y_i | theta) + log p(theta) / N: the density of datum ``i`` of
-    ``estimator``'s one subsample plate and its local sites (their row in
-    ``z``, with the other sites), minus its one-datum potential over N
-    (:mod:`~numpyro_sgbd.local_sites`)."""
-    ((name, (size, _, _)),) = estimator.plates.items()
-    terms = estimator._terms(z, {name: i[None]}, model_args, model_kwargs, False)
-    return -terms[0] / size
-
-
-def pulled(est, grad, per_datum_grads=None):
-    """Gradients in u (flat) where ``est`` has a pullback (of the per-datum
-    ones, the first ``noise_rows`` where they serve the noise sd only:
-    :func:`~numpyro_sgbd.estimators.rows.noise_subset`); unchanged
-    otherwise."""
-    if est.pullback is None:
-        return grad, per_datum_grads
-    grad = est.pullback(ravel_pytree(grad)[0])
-    if per_datum_grads is not None:
-        some = est.noise_rows if est.covariance is None else None
-        rows = noise_subset(per_datum_grads, some, est.plates, est.replace)
-        per_datum_grads = pulled_rows(est.pullback, rows)
-    return grad, per_datum_grads
 
 
 def _evaluate_on(est, indices, z, model_args, model_kwargs):
@@ -405,7 +370,7 @@ def _checked_noise(plates, noise, covariance, per_datum):
 
 def _potential(terms, indices, z, with_terms=None):
     """The minibatch potential at ``z`` on ``indices``, from ``terms``
-    (:meth:`MinibatchEstimator._terms` with the model's arguments bound)."""
+    (:meth:`MinibatchEstimator.terms` with the model's arguments bound)."""
     return terms(z, indices, with_terms=with_terms)[0]
 
 

@@ -42,7 +42,6 @@ from numpyro_sgbd.estimators import (
     draw_indices,
     noise_variance_factor,
 )
-from numpyro_sgbd.estimators.minibatch import datum_log_density
 from numpyro_sgbd.estimators.rows import default_row_budget
 
 __all__ = ["Rows", "SizedEstimator", "pass_rows", "rows_of", "sized_supported"]
@@ -159,7 +158,7 @@ class SizedEstimator:
         ((name, (size, _, _)),) = self.plain.plates.items()
 
         def one(z, i):
-            return -size * datum_log_density(self.plain, z, i, model_args, model_kwargs)
+            return -size * self.plain.datum_log_density(z, i, model_args, model_kwargs)
 
         def datum(i):
             value, grad = jax.value_and_grad(one)(z, i)
