@@ -301,8 +301,9 @@ def parse_args(argv=None):
         args.num_samples = 10_000 if args.quick else 30_000
     if args.num_warmup is None:
         args.num_warmup = args.num_samples // 10
-    # 2 x 4,000 NUTS draws put the reference's own Monte Carlo error in xi near
-    # 0.007 (2 x 1,000: 0.014, a third of what the SG rows are judged by).
+    # 2 x 4,000 NUTS draws: the reference's own error in xi was 0.012 against
+    # importance-sampled moments (benchmarks/results.md, "the references' own
+    # error"), where independent draws would give about 0.007.
     args.nuts_warmup, args.nuts_samples = (500, 1000) if args.quick else (1000, 4000)
     return args
 
