@@ -15,10 +15,10 @@ Newton-CG took 60 steps.
 The model's potential becomes an :class:`~numpyro_sgbd.mode.objective.Objective`
 in :mod:`numpyro_sgbd.mode.objective`; the Hessian's rows, diagonal and dense
 form are in :mod:`numpyro_sgbd.mode.hessian`. Here what the search found is
-checked and reported
-(:func:`check_mode`, :func:`posterior_mode`, :func:`search_centre`). The search
-itself knows nothing of models: it is in :mod:`numpyro_sgbd.mode.search`, with why
-it judges convergence by the gradient and not by the potential's value.
+checked and reported (:func:`check_mode`, :func:`posterior_mode`,
+:func:`search_centre`). The search itself knows nothing of models: it is in
+:mod:`numpyro_sgbd.mode.search`, with why it judges convergence by the gradient
+and not by the potential's value.
 """
 
 from typing import NamedTuple

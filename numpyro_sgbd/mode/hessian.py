@@ -50,9 +50,6 @@ def symmetric(rows):
     return 0.5 * (rows + rows.T)
 
 
-# ------------------------------------------------ scaling and the CG solve
-
-
 def hessian(hvp, x, *, block=64):
     """The full d x d Hessian at ``x`` (symmetrised), d Hessian-vector products
     ``block`` at a time. For the Laplace map of a reference, not for the search."""
