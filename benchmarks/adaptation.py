@@ -184,7 +184,7 @@ def time_child(spec):
         k: search[k]
         for k in ("iterations", "num_evaluations", "num_hvp", "converged", "seconds")
     }
-    out["variant"], out["gradient"] = kernel.variant, kernel._gradient
+    out["variant"], out["gradient"] = kernel.variant, kernel.config.gradient
     out["step_size"] = float(np.max(mcmc.last_state.step_size))
     stats = mcmc.get_samples(group_by_chain=False)
     out["num_draws"] = int(stats["theta"].shape[0])

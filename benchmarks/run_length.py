@@ -14,7 +14,7 @@ under the new rule (the sampling step is the smaller of warmup's and the step
 whose predicted sd bias is half the run's predicted Monte Carlo error,
 :mod:`numpyro_sgbd.discretisation`) and, with ``--before``, under the fixed
 sampling fraction it replaces (a subclass whose ``bias_law()`` is ``None``:
-warmup's step times ``_SAMPLING_FRACTION``, the draws of the commit before).
+warmup's step times the spec's ``sampling_fraction``, the draws of the commit before).
 Printed per run: the sampling step in u, xi and the largest mean bias in sds
 against NUTS, the run's own estimated xi
 (``kernel.error_estimate["xi"]``, no reference) and its ratio to the measured xi,

@@ -10,13 +10,13 @@ in the whitened coordinates u, on the problems of ``adaptation_accuracy.py``.
 smaller target shrinks the discretisation bias and the effective draws per step
 together. For each problem and sampler this runs the default path
 (``SGBD(model)``, ...) with the target replaced by each of ``--targets`` (a
-subclass that sets ``_STEP_TARGET``; nothing else changes), 3,000 + 30,000 steps
-as ``adaptation_accuracy.py``, and prints xi (the relative error of the sds), the
-largest mean bias in sds, the smallest bulk ESS, ESS per second, and the Monte
-Carlo floor: the xi and bias that exact draws with the run's and the reference's
-ESS would show on average. What the run adds above that floor is its bias.
-References are NUTS on the full data, cached under ``--cache`` as in
-``adaptation_accuracy.py``.
+subclass whose spec has another ``step_target``; nothing else changes), 3,000 +
+30,000 steps as ``adaptation_accuracy.py``, and prints xi (the relative error of
+the sds), the largest mean bias in sds, the smallest bulk ESS, ESS per second,
+and the Monte Carlo floor: the xi and bias that exact draws with the run's and
+the reference's ESS would show on average. What the run adds above that floor
+is its bias. References are NUTS on the full data, cached under ``--cache`` as
+in ``adaptation_accuracy.py``.
 """
 
 import argparse
@@ -45,11 +45,11 @@ TARGETS = {"SGBD": (0.5, 0.4, 0.35), "SGLD": (0.4, 0.3), "NOGIN": (0.5, 0.35)}
 
 def with_target(sampler, target, fraction=None):
     """``sampler`` with its step target in u replaced by ``target`` (and, given,
-    the fraction of it it samples at, ``_SAMPLING_FRACTION``)."""
-    attrs = {"_STEP_TARGET": target}
+    the fraction of it it samples at, the spec's ``sampling_fraction``)."""
+    spec = sampler.spec._replace(step_target=target)
     if fraction is not None:
-        attrs["_SAMPLING_FRACTION"] = fraction
-    return type(f"{sampler.__name__}_{target}_{fraction}", (sampler,), attrs)
+        spec = spec._replace(sampling_fraction=fraction)
+    return type(f"{sampler.__name__}_{target}_{fraction}", (sampler,), {"spec": spec})
 
 
 def run(spec, sampler, target, key, args, fraction=None):
@@ -108,7 +108,7 @@ def main(argv=None):
                     spec, SAMPLERS[sampler_name], target, key, args, fraction
                 )
                 if fraction is None:
-                    fraction = SAMPLERS[sampler_name]._SAMPLING_FRACTION
+                    fraction = SAMPLERS[sampler_name].spec.sampling_fraction
                 summary, floor_xi, floor_bias = accuracy.scored(mcmc, ref, rng)
                 ess = float(summary["min_ess_bulk"])
                 print(

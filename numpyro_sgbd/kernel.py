@@ -1,31 +1,28 @@
-"""The NumPyro adapter of the samplers: the glue between NumPyro's ``MCMC`` and
-the pure pieces, as NumPyro's ``HMC`` class is over ``hmc()``.
+"""The one NumPyro kernel class of every sampler, over the pure pair, as NumPyro's
+``HMC`` is over ``hmc()``.
 
-:class:`_SGKernel` is the :class:`~numpyro.infer.mcmc.MCMCKernel` side (``init``,
-``sample``, ``postprocess_fn``, diagnostics, pickling) over the pure pair of
-:func:`numpyro_sgbd.core.build_kernel`; what ``init`` prepares from the model and
-its data is computed by :mod:`numpyro_sgbd.prepare` and kept in a
-:class:`~numpyro_sgbd.setup.Setup`, the shared arguments are checked in
-:mod:`numpyro_sgbd.options`, and the run checks are wired in by
-:mod:`numpyro_sgbd.monitoring.run`. :class:`_FamilyKernel` runs any pure update
-family of :mod:`numpyro_sgbd.updates` on it with no branch on the sampler. The
-samplers themselves are in :mod:`numpyro_sgbd.samplers`.
+:class:`SGKernel` is the :class:`~numpyro.infer.mcmc.MCMCKernel` side (``init``,
+``sample``, ``postprocess_fn``, diagnostics, pickling) of
+:func:`numpyro_sgbd.core.build_kernel`'s ``(init_kernel, sample_kernel)``. A
+sampler is a :class:`~numpyro_sgbd.spec.SamplerSpec` (its update family,
+arguments, variants, noise and step bounds) and its class sets only ``spec``:
+nothing here branches on the sampler. What ``init`` prepares from the model
+and its data is a :class:`~numpyro_sgbd.prepared_model.PreparedModel`; the
+run checks are wired in by :mod:`numpyro_sgbd.monitoring.run`.
 """
 
-from abc import abstractmethod
 import logging
+from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from numpyro_sgbd import advice, core, preconditioning
+from numpyro_sgbd import advice, core
+from numpyro_sgbd import spec as specs
 from numpyro_sgbd.estimators import Centre, with_setup
 from numpyro_sgbd.local_sites import local_update
-from numpyro_sgbd.model_side import ModelSide
 from numpyro_sgbd.monitoring import Monitor, driving_mcmc, mode, wall_time
 from numpyro_sgbd.monitoring.checks import on_progress
 from numpyro_sgbd.monitoring.run import (
@@ -34,26 +31,35 @@ from numpyro_sgbd.monitoring.run import (
     check_closed_over,
     start_trace,
 )
-from numpyro_sgbd.options import (
-    _per_site,
-    check_keyword_names,
-    kernel_options,
-)
 from numpyro_sgbd.prepare import (
     Programs,
     eager_if_traced,
     has_tracer,
 )
+from numpyro_sgbd.prepared_model import PreparedModel
+from numpyro_sgbd.sampler_config import SamplerConfig
 from numpyro_sgbd.setup import Setup, dimension
 from numpyro_sgbd.sharding import check_untransformed
 from numpyro_sgbd.state import SGState, family_state
 from numpyro_sgbd.validation import warn_unadapted
 
-__all__ = ["Centre", "SGState", "family_state", "wall_time"]
+__all__ = ["Centre", "RunShape", "SGKernel", "SGState", "family_state", "wall_time"]
 
 logger = logging.getLogger("numpyro_sgbd")
 
-_PROGRAMS = ("init", "init_params", "postprocess", "start", "steps")
+
+class RunShape(NamedTuple):
+    """What a run's checks need of the kernel: warmup and SG steps per sample
+    (in SG steps), the given step (per site, or a scalar in u; ``None`` when
+    adapted), the gradient estimator's kind, whether the noise covariance comes from a
+    second minibatch, and whether the kernel runs a model."""
+
+    num_warmup: int
+    num_steps: int
+    fixed_step: Any
+    gradient: Any
+    independent_noise: bool
+    has_model: bool
 
 
 def run_steps(mcmc, num_steps):
@@ -64,213 +70,102 @@ def run_steps(mcmc, num_steps):
     return int(mcmc.num_samples) * int(mcmc.num_chains) * int(num_steps)
 
 
-class _SGKernel(ModelSide, Monitored, MCMCKernel):
-    """The one adapter from NumPyro models (or potentials, or noisy gradients) to
-    the pure update rules: ``init``, ``sample``, ``postprocess_fn``, diagnostics
-    and pickling. The step is the core's (:func:`core.build_kernel`) for the
-    update family a subclass gives (``_family``): :class:`_FamilyKernel` for the
-    rules of :mod:`numpyro_sgbd.updates` with per-site hyperparameters, NOGIN
-    for its integrator on the flat position."""
+class SGKernel(Monitored, MCMCKernel):
+    """A stochastic-gradient sampler for NumPyro's ``MCMC``: the sampler's
+    :class:`~numpyro_sgbd.spec.SamplerSpec` (the class attribute ``spec``) run
+    by the core's pure pair. Construct one of :mod:`numpyro_sgbd.samplers`;
+    :class:`~numpyro_sgbd.SGBD` documents the arguments they share."""
 
     sample_field = "z"
-    #: The shared options a sampler's constructor does not take.
-    _NOT_TAKEN = ()
+    spec = None
+    __signature__ = specs.SpecSignature()
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        check_keyword_names(cls)
-
-    def __init__(
-        self,
-        model=None,
-        potential_fn=None,
-        gradient_fn=None,
-        *,
-        step_size=None,
-        preconditioner=None,
-        adapt_mass_matrix=None,
-        gradient=None,
-        centre=None,
-        recentre_every=None,
-        replace=None,
-        init_strategy=init_to_uniform,
-        log_likelihood_size=None,
-        chunk_size=4096,
-        num_steps=1,
-    ):
-        options = kernel_options(
-            model=model,
-            potential_fn=potential_fn,
-            gradient_fn=gradient_fn,
-            step_size=step_size,
-            replace=replace,
-            log_likelihood_size=log_likelihood_size,
-            gradient=gradient,
-            centre=centre,
-            chunk_size=chunk_size,
-            recentre_every=recentre_every,
-            preconditioner=preconditioner,
-            adapt_mass_matrix=adapt_mass_matrix,
-            num_steps=num_steps,
-            scale_bounded=self._SCALE_MAX is not None,
-        )
-        self._model, self._potential_fn = model, potential_fn
-        self._gradient_fn, self._step_size_arg = gradient_fn, step_size
-        self._recentre_every = options.recentre_every
-        # SG steps per sample: the user's, never a timing's (the draws are a
-        # function of the seed and the arguments, with the bar on or off).
-        self._num_steps = options.num_steps
-        self._preconditioner_arg = options.preconditioner
-        self._adapt_mass = options.adapt_mass
-        self._gradient_arg = self._gradient = options.gradient
-        self._centre_arg, self._chunk_size, self._replace = centre, chunk_size, replace
-        self._init_strategy = init_strategy
-        self._log_likelihood_size = log_likelihood_size
-        # What `init` finds from the model and its data: see `setup`.
-        self._setup = Setup()
-        # Set by `init`: the run's warmup in steps, the model's plates, shapes and
-        # evaluation rows, the estimator, the checked step and the compiled step.
-        self._num_warmup = 0
-        # The sampling steps of the run `init` is called for, every chain's
-        # (`None` for a kernel driven by hand): see `discretisation.sampling_step`.
-        self._run_steps = None
-        self._plates, self._z_shapes, self._plate_deterministic = None, None, ()
-        self._enumerate_dim, self._local = None, {}
-        self.log_likelihood_indices = None
-        self._estimator = self._step_size = self._sample_impl = None
-        self._batched = False
+    def __init__(self, model=None, potential_fn=None, gradient_fn=None, **kwargs):
+        if self.spec is None:
+            raise TypeError("SGKernel runs a sampler's spec: construct SGBD, SGLD, ...")
+        sources = (model, potential_fn, gradient_fn)
+        self._config = config = SamplerConfig(self.spec, sources, kwargs)
+        request = config.request(type(self).__name__)
+        self._prepared = PreparedModel(sources, request, config.args["init_strategy"])
+        # Set by `init`: the run's warmup and sampling steps (every chain's;
+        # `None` for a kernel driven by hand) and the step.
+        self._num_warmup, self._run_steps = 0, None
+        self._sample_impl, self._batched = None, False
         # Whether the last `init` saw traced model arguments (inside the user's
         # jax.jit): its data-derived values must not outlive it (`_sample_fn`).
         self._traced_setup = False
-        self._programs = {name: Programs(name != "steps") for name in _PROGRAMS}
+        self._programs = {"init": Programs(), "steps": Programs(False)}
         self._diagnostics = (0, "")
-        # The host side of the run checks: see numpyro_sgbd.monitoring.
-        self._monitor = Monitor()
+        self._monitor = Monitor()  # the host side of the run checks
 
-    def _prepare(self, shapes, one_z):
-        """Validate the hyperparameters against z's shapes (before compiling)."""
-        if self._step_size_arg is None:
-            self._step_size = None
-        elif self.preconditioner is not None:
-            self._step_size = jnp.asarray(self._step_size_arg, jnp.result_type(float))
-        else:
-            self._step_size = _per_site(self._step_size_arg, shapes, "step_size")
+    def pure_pair(self, values, estimator=None):
+        """The core's ``(init_kernel, sample_kernel)`` of one chain
+        (:func:`core.build_kernel`), its set-up (L and the centre) read from
+        ``values``, a chain's ``state.setup``; with ``estimator`` in place of the
+        kernel's own where given (:func:`~numpyro_sgbd.tune`'s sized estimates).
+        After :meth:`prepare`."""
+        prepared, config = self._prepared, self._config
+        if estimator is None:
+            estimator = with_setup(prepared.estimator, values)
+        adaptation = config.adaptation(
+            self._num_warmup, self._run_steps, values.preconditioner
+        )
+        return core.build_kernel(
+            config.family(),
+            estimator.estimate,
+            estimator.initial_centre,
+            adaptation,
+            bound=specs.step_bound(self.spec),
+            allowed=config.allowed(),
+            local=local_update(prepared.estimator, prepared.local, self._num_warmup)
+            if prepared.local
+            else None,
+        )
 
-    def _check_probe(self, probe, one_z):
-        """Validate the shapes of a gradient estimate (before compiling)."""
-
-    def _diagnostic_parts(self, state):
-        return []
-
-    #: The step size in the whitened coordinates u (unit posterior scale) that
-    #: ``step_size=None`` starts from and never exceeds; subclasses set it.
-    _STEP_TARGET = 0.5
-    #: The sampling step as a fraction of the step warmup ends with (warmup
-    #: explores at the target, sampling trades speed for a smaller bias).
-    _SAMPLING_FRACTION = 1.0
-    #: The largest s ``adapt_mass_matrix`` may set (``None``: no bound, and the
-    #: option is on by default with ``step_size=None``). The Langevin-type rules
-    #: are stable only for steps below about 2 / sqrt(curvature), and L gives u
-    #: unit curvature at the mode, so SGLD and NOGIN set 1 (s may only shrink
-    #: the steps) and SGBD, whose bounded moves are robust to the step, none.
-    _SCALE_MAX = None
-    #: ``step_size=None`` warns when warmup ends with a step below this fraction
-    #: of the kernel's target in u.
-    _STEP_WARN_FRACTION = 0.1
-    #: The rule's discretisation bias law in u by variant
-    #: (:class:`~numpyro_sgbd.discretisation.BiasLaw`), from which the default
-    #: sampling step serves the run's length and a run states its own error; a
-    #: variant without one samples at ``_SAMPLING_FRACTION`` of warmup's step.
-    _BIAS_LAWS = {}
-    #: The hyperparameters the laws were measured at, by name: with another
-    #: value (or one per site) the kernel has no law.
-    _BIAS_LAW_AT = {}
-    #: ``allowed(state)``, the step the noise allows now, where a sampler bounds
-    #: its step by its own statistic (NOGIN's damping); ``None``: the core's
-    #: :func:`~numpyro_sgbd.core.step_allowed`.
-    _step_allowed = None
-
+    # --------------------------------------------------------- what users read
     @classmethod
     def step_target(cls):
         """The step size in the whitened coordinates u (unit posterior scale)
         that ``step_size=None`` starts from and never exceeds, and that
         :func:`~numpyro_sgbd.tune`'s grid of steps is centred on."""
-        return cls._STEP_TARGET
+        return cls.spec.step_target
 
     def bias_law(self):
         """This kernel's :class:`~numpyro_sgbd.discretisation.BiasLaw` (its
         variant's, measured by ``benchmarks/bias_laws.py``), or ``None`` where
-        none is measured: the recipe's depends on its ``diffusion``, SGHMC's
-        and SGNHT's were measured at their default hyperparameters only, and
-        SGBD's with the bimodal increment. NOGIN's and BAOAB's have ``c = 0``:
-        they sample a Gaussian's variances without a measurable bias."""
-        hyper = getattr(self, "_hyperparameters", {})
-        for name, value in self._BIAS_LAW_AT.items():
-            given = hyper.get(name)
-            if isinstance(given, dict) or np.ndim(given) or given != value:
-                return None
-        return self._BIAS_LAWS.get(getattr(self, "_variant", None))
+        none is measured (another hyperparameter than the law's, or one per
+        site)."""
+        return self._config.bias_law()
 
-    @abstractmethod
-    def _family(self):
-        """Each sampler's update family as the core's value (:class:`core.Family`)."""
+    @property
+    def variant(self):
+        """The variant: as given, or by default ``"corrected"`` with
+        ``step_size=None`` (``"vanilla"`` for a model with several subsample plates,
+        whose noise cannot be estimated) and ``"vanilla"`` otherwise."""
+        return self._config.variant
 
-    def _noise_step_bound(self, largest):
-        """The largest step the noise allows at the largest noise sd ``largest``
-        (:func:`core.noise_step_bound`; SGBD and SGLD bound ``tau * step``)."""
-        return core.noise_step_bound(self._family(), largest)
+    @property
+    def noise_form(self):
+        """What the step needs from the gradient estimator besides the gradient:
+        ``None``, ``"sd"`` (the corrected variants) or NOGIN's covariance form
+        (``"lowrank"``, ``"full"`` or ``"diag"``, chosen at ``init`` with
+        ``covariance="auto"``)."""
+        return self._config.noise_form
 
-    # ------------------------------------------------------------- the core
-    def _adaptation(self, preconditioner):
-        """The warmup adaptation as the core's value (:class:`core.Adaptation`),
-        with ``preconditioner`` (a chain's, from its state)."""
-        return core.Adaptation(
-            num_warmup=self._num_warmup,
-            scale_windows=(
-                preconditioning.scale_windows(self._num_warmup)
-                if self._adapt_mass
-                else (self._num_warmup, ())
-            ),
-            step_target=self._STEP_TARGET,
-            sampling_fraction=self._SAMPLING_FRACTION,
-            scale_max=self._SCALE_MAX,
-            fixed_step=self._step_size,
-            adapt_mass=self._adapt_mass,
-            preconditioner=preconditioner,
-            bias_law=self.bias_law(),
-            run_steps=self._run_steps,
-        )
-
-    def _kernel_fns(self, values, estimator=None):
-        """The core's ``(init_kernel, sample_kernel)`` for this kernel's family,
-        estimator and adaptation (:func:`core.build_kernel`), reading L and the
-        centre from ``values`` (a chain's ``state.setup``); ``estimator`` in
-        place of the kernel's own where given (``tune``'s sized estimates)."""
-        if estimator is None:
-            estimator = with_setup(self._estimator, values)
-        return core.build_kernel(
-            self._family(),
-            estimator.estimate,
-            estimator.initial_centre,
-            self._adaptation(values.preconditioner),
-            bound=lambda family, largest: self._noise_step_bound(largest),
-            allowed=self._step_allowed,
-            local=local_update(self._estimator, self._local, self._num_warmup)
-            if self._local
-            else None,
-        )
-
-    def _init_state(self, rng_key, z, model_args, model_kwargs, values):
-        state = self._kernel_fns(values)[0](rng_key, z, model_args, model_kwargs)
-        return state._replace(setup=values)
-
-    def _sample_one(self, state, model_args, model_kwargs):
-        return self._kernel_fns(state.setup)[1](state, model_args, model_kwargs)
+    @property
+    def default_fields(self):
+        """``z`` and the per-draw statistics of the state (see its type)."""
+        fields = self.spec.state_type._fields
+        per_draw = fields[
+            fields.index("potential_energy_estimate") : fields.index("num_nonfinite")
+        ]
+        kept = ("z_grad", "noise_sd", "p")
+        return ("z", *(f for f in per_draw if f not in kept), "num_nonfinite")
 
     @property
     def num_steps(self):
         """SG steps per sample, as given (default 1)."""
-        return self._num_steps
+        return self._config.options.num_steps
 
     @property
     def sample_kernel(self):
@@ -280,33 +175,158 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         host-side checks of :meth:`sample`; ``None`` before ``init``."""
         return self._sample_impl
 
-    # ------------------------------------------------------------------ MCMC API
+    @property
+    def config(self):
+        """The sampler as constructed: its spec, arguments and their resolved
+        defaults (:class:`~numpyro_sgbd.sampler_config.SamplerConfig`)."""
+        return self._config
+
+    @property
+    def prepared(self):
+        """What ``init`` prepared from the model and its data
+        (:class:`~numpyro_sgbd.prepared_model.PreparedModel`)."""
+        return self._prepared
+
+    @property
+    def setup(self):
+        """What ``init`` found from the model and its data, as one immutable
+        :class:`~numpyro_sgbd.setup.Setup` (the mode, the preconditioner, the
+        control variates' centre); every field ``None`` before ``init``."""
+        return self._prepared.setup
+
+    def use_setup(self, setup):
+        """Use ``setup`` (another kernel's :attr:`setup`, found from the same data)
+        so that ``init`` on those data searches for none of it again: for kernels
+        of one model that differ in the sampler, its hyperparameters or a plate's
+        subsample size (the full-data mode and gradient do not depend on them)."""
+        if not isinstance(setup, Setup):
+            raise TypeError(
+                "use_setup takes another kernel's .setup (a numpyro_sgbd.setup."
+                f"Setup), got {type(setup).__name__}."
+            )
+        self._prepared.setup = setup
+
+    @property
+    def preconditioner(self):
+        """The change of variables z = z_hat + L u, built by ``init``
+        (:class:`~numpyro_sgbd.preconditioning.Preconditioner`), or ``None``."""
+        return self._prepared.setup.preconditioner
+
+    @property
+    def adaptation_info(self):
+        """After ``init`` with a preconditioner or ``step_size=None``: the mode
+        search's report, L's form, memory and cost, and the step size's target."""
+        return self._prepared.setup.adaptation_info
+
+    @property
+    def centre_info(self):
+        """After ``init`` with ``gradient="control_variates"``: the first centre
+        (unconstrained, by site), how it was found, and the search's report."""
+        return self._prepared.setup.centre_info
+
+    @property
+    def estimator(self):
+        """After ``init``: the gradient estimator (:mod:`numpyro_sgbd.estimators`),
+        whose ``estimate(rng_key, z, model_args, model_kwargs, centre)`` gives the
+        :class:`~numpyro_sgbd.GradientEstimate` the step uses."""
+        return self._prepared.estimator
+
+    @property
+    def log_likelihood_indices(self):
+        """After ``init``: the rows of each subsample plate :attr:`model` fixes
+        (``None`` before, or without a model)."""
+        return self._prepared.log_likelihood_indices
+
+    @property
+    def model(self):
+        """The model as ``az.from_numpyro`` (through
+        :func:`numpyro.infer.util.log_likelihood`) and
+        :class:`~numpyro.infer.Predictive` read it: every subsample plate fixed to
+        the rows :attr:`log_likelihood_indices` gives, each enumerated site summed
+        out datum by datum, each local site read from the draws' row.
+
+        By default (``log_likelihood_size=None``) those are all N rows of a plate
+        of up to :data:`~numpyro_sgbd.prepare.LOG_LIKELIHOOD_ALL_ROWS` (50,000),
+        so ArviZ's ``log_likelihood`` and ``observed_data`` hold every row and
+        ``az.loo`` / ``az.waic`` estimate the elpd of all the data. ArviZ keeps 4
+        bytes per draw and row; above that size the rows are a fixed random
+        subset of that many, and reading this property warns (``az.loo`` then
+        estimates the elpd of the subset). ``log_likelihood_size`` sets the
+        number of rows (at least N: all of them); :func:`~numpyro_sgbd.from_numpyro`
+        evaluates every row in chunks. ``None`` for kernels built from
+        ``potential_fn`` or ``gradient_fn``.
+        """
+        return self._prepared.evaluated_model(type(self).__name__)
+
+    # ------------------------------------------------------------ preparing
+    def prepare(self, model_args, model_kwargs, one_z=None):
+        """Prepare from the model and its data as ``init`` does, compiling
+        nothing: the set-up (or the one :meth:`use_setup` gave), the estimator,
+        the defaults that depend on the plates, and with ``one_z`` (one chain's
+        global sites) the hyperparameters against its shapes."""
+        self._config.reset()
+        self._prepared.build(model_args, model_kwargs, self._config.choose)
+        if one_z is not None:
+            shapes = self._prepared.shapes_of(one_z)
+            self._config.resolve(shapes, one_z, self.preconditioner is not None)
+
+    def _probe(self, one_z, model_args, model_kwargs):
+        """A user's potential_fn or gradient_fn: its estimate checked before
+        compiling (the model's own estimators give z's structure and the noise
+        form the kernel asked for by construction)."""
+        estimator = self._prepared.estimator
+
+        def probe_fn(rng_key, z):
+            centre = estimator.initial_centre(z, model_args, model_kwargs)
+            return estimator.estimate(rng_key, z, model_args, model_kwargs, centre)
+
+        probe = jax.eval_shape(probe_fn, jax.random.key(0), one_z)
+        if jax.tree.structure(probe.z_grad) != jax.tree.structure(one_z):
+            raise ValueError(
+                "The gradient estimate does not have the structure of z: "
+                f"{jax.tree.structure(probe.z_grad)} vs {jax.tree.structure(one_z)}."
+            )
+        self._config.check_probe(probe, one_z)
+
+    def noise_bound(self, noise_sd, batch_ndim=0):
+        """``(tau, value)`` for the corrected variant's bound ``step * tau^2 <= 2 *
+        value`` (recipe paper, eq. 9): ``tau`` the largest noise sd of the
+        minibatch gradient, one per chain over the leading ``batch_ndim`` axes,
+        and ``value`` the smallest entry of the diffusion hyperparameter; ``None``
+        for a sampler without such a bound or where the noise is not estimated.
+        After ``init``."""
+        return self._config.noise_bound(noise_sd, batch_ndim)
+
+    # ------------------------------------------------------------ MCMC API
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         self._monitor.start()
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+        num_steps = self.num_steps
         # In steps: `state.i` counts SG steps, num_steps of them per sample.
-        self._num_warmup = int(num_warmup) * self._num_steps
-        self._run_steps = run_steps(driving_mcmc(self), self._num_steps)
+        self._num_warmup = int(num_warmup) * num_steps
+        self._run_steps = run_steps(driving_mcmc(self), num_steps)
         check_untransformed(has_tracer(rng_key), (model_args, model_kwargs))
         self._traced_setup = has_tracer((model_args, model_kwargs))
         # Inside pmap or the user's jax.jit, what the kernel keeps on itself is
         # computed eagerly, so that no tracer outlives the transform; not
         # otherwise, where eager evaluation would compile every operation of the
         # set-up's programs apart.
-        eager = eager_if_traced((rng_key, model_args, model_kwargs))
-        with eager:
-            self._build(model_args, model_kwargs)
-        warn_unadapted(self, num_warmup, self._step_size_arg)
+        traced = (rng_key, model_args, model_kwargs)
+        with eager_if_traced(traced):
+            self.prepare(model_args, model_kwargs)
+        warn_unadapted(self, num_warmup, self._config.args["step_size"])
         batched = not is_prng_key(rng_key)
-        rng_key, z = self._start(
+        rng_key, z = self._prepared.start(
             rng_key, batched, init_params, model_args, model_kwargs
         )
         one_z = jax.tree.map(lambda x: x[0], z) if batched else z
-        with eager_if_traced((rng_key, model_args, model_kwargs)):
-            one_global = core.global_sites(one_z, tuple(self._local))
-            self._prepare(self._shapes_of(one_z), one_global)
+        with eager_if_traced(traced):
+            one_global = core.global_sites(one_z, tuple(self._prepared.local))
+            shapes = self._prepared.shapes_of(one_global)
+            pre = self.preconditioner is not None
+            self._config.resolve(shapes, one_global, pre)
         self._batched = batched
-        if self._model is None:
+        if self._prepared.model is None:
             self._probe(one_z, model_args, model_kwargs)
         init_one = self._cached_init(model_args, model_kwargs)
         if batched:
@@ -315,7 +335,40 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         else:
             state = init_one(rng_key, z)
             self._sample_impl = self._sample_one
-        return start_trace(self, state, one_z)
+        state = start_trace(self, state, one_z)
+        if self.spec.noise_diffusion is not None:
+            self._config.check_initial_noise(state, type(self).__name__)
+        if self.spec.run_checks is not None:
+            state = self.spec.run_checks.start(state, self.run_shape())
+        return state
+
+    def _init_state(self, rng_key, z, model_args, model_kwargs, values):
+        state = self.pure_pair(values)[0](rng_key, z, model_args, model_kwargs)
+        return state._replace(setup=values)
+
+    def _sample_one(self, state, model_args, model_kwargs):
+        return self.pure_pair(state.setup)[1](state, model_args, model_kwargs)
+
+    def _cached_init(self, model_args, model_kwargs):
+        """The compiled initial-state function for these model arguments, with
+        the set-up's arrays among its arguments: kept for later data of the same
+        shapes."""
+
+        def make(rebuild):
+            def init_from_arrays(rng_key, z, arrays):
+                args, kwargs, values, _ = rebuild(arrays)
+                return self._init_state(rng_key, z, args, kwargs, values)
+
+            return init_from_arrays
+
+        values = self._prepared.setup_arrays(self.preconditioner)
+        # The adaptation's static values are part of the key: a refit with
+        # another warmup or run length traces again.
+        static = (self._num_warmup, self._run_steps)
+        fn, arrays = self._programs["init"].over_data(
+            make, model_args, model_kwargs, values, static
+        )
+        return lambda rng_key, z: fn(rng_key, z, arrays)
 
     @property
     def _sample_fn(self):
@@ -331,15 +384,20 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         self._monitor.new_run(mode())
         model_kwargs = {} if model_kwargs is None else model_kwargs
         if has_tracer(state) and not has_tracer((model_args, model_kwargs)):
-            sharded = getattr(self._estimator, "sharding", None) is not None
+            sharded = getattr(self.estimator, "sharding", None) is not None
             check_closed_over(sharded, model_args, model_kwargs)
-        # The record stays out of the step (and its non-finite guard, which
+        # The records stay out of the step (and its non-finite guard, which
         # selects between whole states): written once per sample.
-        trace = getattr(state, "trace", None)
+        trace, checks = getattr(state, "trace", None), self.spec.run_checks
         if trace is not None:
             state = state._replace(trace=None)
+        kept = {} if checks is None else {k: getattr(state, k) for k in checks.fields}
+        state = state._replace(**dict.fromkeys(kept))
         new_state = self._steps_program(model_args, model_kwargs)(state)
-        return after_sample(self, state, new_state, trace)
+        new_state = after_sample(self, state, new_state, trace)
+        if checks is None:
+            return new_state
+        return checks.after(kept, state, new_state, self.run_shape(), self._warn)
 
     def _steps_program(self, model_args, model_kwargs):
         """One sample's steps as a ``jit`` of its own, kept per argument
@@ -350,8 +408,10 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         these shapes."""
 
         def make(rebuild):
-            recentre = None if self._recentre_every is None else self._recentre
-            steps = core.repeat(self._sample_impl, self._num_steps, recentre)
+            recentre = None
+            if self._config.options.recentre_every is not None:
+                recentre = self._recentre
+            steps = core.repeat(self._sample_impl, self.num_steps, recentre)
 
             def run(state, arrays):
                 args, kwargs, _ = rebuild(arrays)
@@ -365,25 +425,64 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         )
         return lambda state: fn(state, arrays)
 
-    def _run_facts(self):
-        """What this run was set up with, for :mod:`~numpyro_sgbd.advice`."""
-        plates = {k: v[:2] for k, v in (self._plates or {}).items()}
-        return advice.RunFacts(
-            sampler=type(self).__name__,
-            gradient=None if self._model is None else self._gradient,
-            adaptive=self._step_size_arg is None,
-            plates=plates,
-            dim=dimension(self._draw_shapes),
-            num_warmup=self._num_warmup // self._num_steps,
-            local=bool(self._local),
+    def _recentre(self, state, model_args, model_kwargs):
+        """The control variates' centre after this step (re-centring in warmup)."""
+        return self.estimator.recentre(
+            state.centre,
+            state.z,
+            state.i,
+            self._num_warmup,
+            model_args,
+            model_kwargs,
+            batched=self._batched,
         )
 
-    def _recorded_checks(self, state, take):
-        """A sampler's own checks after the run, from what its ``state`` recorded
-        (``take(field)``: the field of the checked chains, on the host), as
-        ``[(iteration, kind, check)]`` (see
-        :func:`~numpyro_sgbd.monitoring.check_run`); none here."""
-        return []
+    def postprocess_fn(self, model_args, model_kwargs):
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        if self._prepared.model is not None and self._prepared.plates is None:
+            self.prepare(model_args, model_kwargs)
+        return self._prepared.postprocess_fn(model_args, model_kwargs)
+
+    # ------------------------------------------------------------ run checks
+    def run_shape(self):
+        """What the run checks need of this kernel (:class:`RunShape`)."""
+        return RunShape(
+            self._num_warmup,
+            self.num_steps,
+            self._config.step_size,
+            self._config.gradient,
+            self._config.independent_noise(),
+            self._prepared.model is not None,
+        )
+
+    def run_facts(self):
+        """What this run was set up with, for :mod:`~numpyro_sgbd.advice`."""
+        prepared = self._prepared
+        plates = {k: v[:2] for k, v in (prepared.plates or {}).items()}
+        return advice.RunFacts(
+            sampler=type(self).__name__,
+            gradient=None if prepared.model is None else self._config.gradient,
+            adaptive=self._config.args["step_size"] is None,
+            plates=plates,
+            dim=dimension(prepared.draw_shapes),
+            num_warmup=self._num_warmup // self.num_steps,
+            local=bool(prepared.local),
+        )
+
+    def _warn(self, kind, *values):
+        """Record and give the sampler's own run warning ``kind``."""
+        self._monitor.record_warning(kind)
+        self.spec.run_checks.warnings[kind](self.run_shape(), *values)
+
+    def recorded_checks(self, state, take):
+        """The sampler's own checks after the run, from what its ``state``
+        recorded (``take(field)``: the field of the checked chains, on the host),
+        as ``[(iteration, kind, check)]`` (see
+        :func:`~numpyro_sgbd.monitoring.check_run`)."""
+        checks = self.spec.run_checks
+        if checks is None:
+            return []
+        return checks.recorded(state, take, self.run_shape(), self._warn)
 
     def get_diagnostics_str(self, state):
         # With the bar on, the run checks after the run are made here, at the
@@ -394,7 +493,13 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
         calls, text = self._diagnostics
         if calls % 100 == 0:
             parts = [f"U_hat {float(state.potential_energy_estimate):.4g}"]
-            parts += self._diagnostic_parts(state)
+            if getattr(state, "noise_sd", None) is not None:
+                parts.append(
+                    f"tau_hat {float(state.mean_noise_sd):.3g}, over tolerance "
+                    f"{100 * float(state.tolerance_exceeded):.0f}%"
+                )
+            for name in self._config.statistics:
+                parts.append(f"{name} {float(np.max(getattr(state, name))):.3g}")
             if int(state.num_nonfinite) > 0:
                 parts.append("STOPPED (non-finite)")
             text = ", ".join(parts)
@@ -404,9 +509,5 @@ class _SGKernel(ModelSide, Monitored, MCMCKernel):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_sample_impl"] = None
-        state["_setup"] = self._setup.for_pickling()
         state["_monitor"] = self._monitor.for_pickling()
-        if getattr(self._estimator, "sharding", None) is not None:
-            # Its mesh holds devices, which do not pickle; `init` rebuilds it.
-            state["_estimator"] = None
         return state

@@ -106,7 +106,7 @@ def test_the_step_is_adapted_per_chain_and_fixed_after_warmup(adapted_run):
     steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["step_size"])
     assert steps.shape == (2, 12_000)
     assert np.all(steps == steps[:, :1]), "the step changed after warmup"
-    assert np.all((steps > 0) & (steps <= kernel._STEP_TARGET))
+    assert np.all((steps > 0) & (steps <= kernel.spec.step_target))
     np.testing.assert_array_equal(np.asarray(mcmc.last_state.step_size), steps[:, -1])
     # A linear-Gaussian model: control variates leave no gradient noise, so warmup
     # ends at the target and sampling runs at the step the run's length asks
@@ -114,10 +114,10 @@ def test_the_step_is_adapted_per_chain_and_fixed_after_warmup(adapted_run):
     # (The control variates' float32 rounding leaves a little noise, which can
     # only lower the step.)
     planned = discretisation.run_step(kernel.bias_law(), 0.0, 2 * 12_000)
-    expected = min(kernel._STEP_TARGET, float(planned))
+    expected = min(kernel.spec.step_target, float(planned))
     np.testing.assert_allclose(steps[:, 0], expected, rtol=1e-2)
     assert np.all(steps[:, 0] <= expected * (1 + 1e-6))
-    assert kernel.adaptation_info["sampling_fraction"] == kernel._SAMPLING_FRACTION
+    assert kernel.adaptation_info["sampling_fraction"] == kernel.spec.sampling_fraction
     info = kernel.adaptation_info
     assert info["preconditioner"] == "dense" and info["mode_search"]["converged"]
     assert info["seconds"] > 0 and info["preconditioner_bytes"] == (2 * D * D + D) * 4
@@ -125,7 +125,7 @@ def test_the_step_is_adapted_per_chain_and_fixed_after_warmup(adapted_run):
     # whose last evaluation gives U and grad U there (pulled back to u as a pass
     # over the data would give them).
     assert kernel.centre_info["source"] == "Newton-CG"
-    estimator = kernel._estimator
+    estimator = kernel.estimator
     potential, grad = estimator.full_data_fn((X, Y))(estimator.centre)
     np.testing.assert_allclose(estimator.centre_potential, potential, rtol=1e-6)
     np.testing.assert_allclose(
@@ -179,7 +179,7 @@ def test_a_given_step_size_keeps_the_old_path():
     mcmc.run(random.key(0), X, Y)
     assert kernel.preconditioner is None and kernel.adaptation_info is None
     assert mcmc.last_state.step_size is None
-    assert kernel._gradient == "minibatch"
+    assert kernel.config.gradient == "minibatch"
 
 
 def test_a_dense_preconditioner_past_the_memory_limit_is_an_error_before_work():
@@ -205,7 +205,7 @@ def test_several_subsample_plates_fall_back_to_vanilla_with_a_warning():
     mcmc = MCMC(kernel, num_warmup=10, num_samples=10, progress_bar=False)
     with pytest.warns(UserWarning, match="runs variant='vanilla'"):
         mcmc.run(random.key(0), jnp.ones(50), jnp.ones(60))
-    assert kernel.variant == "vanilla" and kernel._gradient == "minibatch"
+    assert kernel.variant == "vanilla" and kernel.config.gradient == "minibatch"
 
 
 def test_the_stationarity_warning_fires_on_a_drifting_chain():
@@ -375,7 +375,7 @@ def test_adapted_scales_are_fixed_after_warmup_and_kept_on_resume(spike_runs):
 def test_langevin_kernels_adapt_scales_only_on_request_and_never_above_one(name):
     assert KERNELS[name](spike_and_slab).adaptation_info is None
     kernel = KERNELS[name](spike_and_slab)
-    assert not kernel._adapt_mass
+    assert not kernel.config.options.adapt_mass
     kernel = KERNELS[name](spike_and_slab, adapt_mass_matrix=True)
     mcmc = MCMC(kernel, num_warmup=400, num_samples=10, progress_bar=False)
     mcmc.run(random.key(0), Y_MIX)
@@ -454,12 +454,12 @@ def test_the_advice_leaves_out_what_is_in_force():
     mcmc.run(random.key(0), X, Y)
     numpyro_sgbd.check(mcmc)
     # 20 draws: the convergence check rightly warns; the other kinds are quiet.
-    assert kernel._gradient == "control_variates"
+    assert kernel.config.gradient == "control_variates"
     assert kernel.run_warnings in ((), ("convergence",))
     kernel.run_warnings = ()
-    kernel._plates = {"data": (2_000_000, 100, None)}  # as if N were large
+    kernel.prepared.plates = {"data": (2_000_000, 100, None)}  # as if N were large
     with pytest.warns(UserWarning, match="held the adapted step") as caught:
-        kernel._monitor.check_step(kernel, np.array([0.001]))
+        kernel.monitor.check_step(kernel, np.array([0.001]))
     text = str(caught[0].message)
     assert "control_variates'" not in text and "step_size=None" not in text
     assert "far from Gaussian" in text and "NUTS" not in text
@@ -467,8 +467,8 @@ def test_the_advice_leaves_out_what_is_in_force():
     rows = np.random.default_rng(0).normal(size=(32, D))
     rows[:, 2] += np.linspace(0.0, 5.0, 32)
     with pytest.warns(RuntimeWarning, match="still drifting") as caught:
-        kernel._monitor.check_drift(
-            kernel, kernel._num_warmup + 3200, list(rows[:, None]), 100
+        kernel.monitor.check_drift(
+            kernel, kernel.run_shape().num_warmup + 3200, list(rows[:, None]), 100
         )
     text = str(caught[0].message)
     assert "b[2]" in text and "step_size=None" not in text

@@ -53,7 +53,7 @@ def test_mamba_logistic_quick(tmp_path, load_example):
         first = tuned[tuned["round"] == 0]
         # tune's default step grid: twice the sampler's step_size=None target,
         # the target, and down from there.
-        target = ex.SAMPLERS[row.sampler]._STEP_TARGET
+        target = ex.SAMPLERS[row.sampler].spec.step_target
         grid = np.unique(first["step_size"])
         assert np.isclose(grid.max(), 2 * target), first.to_string()
         assert np.isclose(grid, target).any() and len(grid) > 2, first.to_string()

@@ -787,11 +787,11 @@ def test_nogin_auto_covariance_is_resolved_at_init_and_logged(y_data, caplog):
     import logging
 
     kernel = NOGIN(gaussian_model, step_size=0.5, mass=0.03**-2)
-    assert kernel.covariance == "auto"
+    assert kernel.noise_form == "auto"
     mcmc = MCMC(kernel, num_warmup=0, num_samples=5, progress_bar=False)
     with caplog.at_level(logging.INFO, logger="numpyro_sgbd"):
         mcmc.run(random.key(0), y_data)
-    assert kernel.covariance == "full"  # d = 1 < n = 100
+    assert kernel.noise_form == "full"  # d = 1 < n = 100
     assert "covariance='full'" in caplog.text
     with pytest.raises(ValueError, match="name the form"):
         NOGIN(gradient_fn=lambda key, z: None, step_size=0.5)

@@ -219,12 +219,12 @@ def test_monitoring_off_compiles_no_check_and_keeps_the_draws():
         assert numpyro_sgbd.check(mcmc) is None
     assert monitoring.enabled()
     assert [str(w.message) for w in caught + checked] == []
-    assert all(i is None for i, _ in quiet._monitor.clock)
+    assert all(i is None for i, _ in quiet.monitor.clock)
     assert quiet.convergence is None and quiet.run_warnings == ()
     assert mcmc.last_state.trace is None  # no record kept in the state either
     with monitoring.per_step():
         loud, on, messages = _run(normal_mean, 3e-4, MEAN, chains=1)
-    assert any(i is not None for i, _ in loud._monitor.clock)
+    assert any(i is not None for i, _ in loud.monitor.clock)
     assert any("ESS" in m for m in messages)
     np.testing.assert_array_equal(
         np.asarray(mcmc.get_samples()["mu"]), np.asarray(on.get_samples()["mu"])
@@ -250,7 +250,7 @@ def test_a_coordinate_that_holds_still_is_not_said_to_move_inf_sds():
     kernel = SGLD(normal_mean, step_size=0.01)
     kernel.init(random.key(0), 10, None, (Y,), {})
     with pytest.warns(RuntimeWarning, match="not mixing") as caught:
-        kernel._monitor.check_drift(
+        kernel.monitor.check_drift(
             kernel, kernel._num_warmup + 3200, list(rows[:, None, :1]), 100
         )
     (text,) = [str(w.message) for w in caught]

@@ -691,7 +691,7 @@ def test_num_steps_notes_the_host_every_16_samples_at_most(y):
     mcmc = MCMC(kernel, num_warmup=4, num_samples=60, progress_bar=False)
     with monitoring.per_step():
         mcmc.run(random.key(2), y)
-    noted = [i for i, _ in kernel._monitor.clock if i is not None]
+    noted = [i for i, _ in kernel.monitor.clock if i is not None]
     warmup = [20, 40, 80]  # crossing 1-16, 32, 64
     t_end = k * np.arange(1, 61)
     t_start = t_end - k
@@ -710,14 +710,14 @@ def test_sampling_notes_thin_out_as_the_run_grows(y):
     mcmc = MCMC(kernel, num_warmup=10, num_samples=20_000, progress_bar=False)
     with monitoring.per_step():
         mcmc.run(random.key(2), y)
-    noted = [i for i, _ in kernel._monitor.clock if i is not None]
+    noted = [i for i, _ in kernel.monitor.clock if i is not None]
     t = np.arange(1, 20_001)
     spacing = np.select([t < 8192, t < 16384], [256, 512], 1024)
     due = (t % spacing == 0) | ((t & (t - 1)) == 0)
     assert noted == [1, 2, 4, 8] + list(10 + t[due])
-    kept = [t for t, _ in kernel._monitor.drift_points]
+    kept = [t for t, _ in kernel.monitor.drift_points]
     assert kept == list(range(1024, 20_001, 1024))
-    assert kernel._monitor.drift_points[-1][1].shape == (1, 1)
+    assert kernel.monitor.drift_points[-1][1].shape == (1, 1)
 
 
 def test_num_steps_must_be_a_positive_int():

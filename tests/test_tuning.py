@@ -132,7 +132,7 @@ def test_tune_finds_the_exact_arm_and_survives_a_blown_up_one(y):
     mean, sd = exact_posterior(y)
     ess = float(numpyro.diagnostics.effective_sample_size(mu[None]))
     assert abs(mu.mean() - mean) < 4 * sd / math.sqrt(ess)
-    assert result.kernel._step_size_arg == 0.5
+    assert result.kernel.config.args["step_size"] == 0.5
 
 
 def test_full_scores_are_the_model_scores_in_whitened_coordinates():

@@ -110,7 +110,7 @@ def check_run(kernel, state):
     warnings in the order the live notes give them, each kind once per run,
     and the convergence check once every chain of the run is in. Returns
     ``kernel.convergence``."""
-    monitor = kernel._monitor
+    monitor = kernel.monitor
     if monitor.mode != AFTER:  # checked as it went, or not at all
         return monitor.convergence
     prints = _fingerprints(state)
@@ -120,22 +120,22 @@ def check_run(kernel, state):
     monitor.checked.update(prints[c] for c in new)
     take = partial(_chains, len(prints), np.shape(state.i), new)
     i = take(state.i)
-    i_end, k = int(np.max(i)), kernel._num_steps
+    i_end, k = int(np.max(i)), kernel.num_steps
+    num_warmup = kernel.run_shape().num_warmup
     found = [*_nonfinite(kernel, i, take(state.num_nonfinite))]
-    if i_end > kernel._num_warmup:
+    if i_end > num_warmup:
         scale = None if state.scale is None else state.scale.scale
         step = smallest_step((len(new),), take(state.step_size), take(scale))
-        found.append(
-            (kernel._num_warmup + k, "step", partial(monitor.check_step, kernel, step))
-        )
-    found += kernel._recorded_checks(state, take)
+        check_step = partial(monitor.check_step, kernel, step)
+        found.append((num_warmup + k, "step", check_step))
+    found += kernel.recorded_checks(state, take)
     trace_plan = monitor.trace_plan
     rows = None if state.trace is None else take(state.trace.rows)
     ended = trace_plan is not None and rows is not None
-    ended = ended and (i_end - kernel._num_warmup) // k == trace_plan.num_samples
+    ended = ended and (i_end - num_warmup) // k == trace_plan.num_samples
     ended = ended and rows.shape[1:] == (trace_plan.rows, len(trace_plan.coords))
     if ended:
-        found += _drift(kernel, rows, i_end - kernel._num_warmup)
+        found += _drift(kernel, rows, i_end - num_warmup)
     for _, kind, run_check in sorted(found, key=lambda event: event[0]):
         if kind not in monitor.run_warnings:
             run_check()
@@ -156,7 +156,7 @@ def on_progress(kernel, state):
     sample of a loop, every ``_BAR_READ_EVERY`` samples after and at the one
     that should end the run (from the last reading: ``num_steps`` iterations a
     sample), where its iteration says whether it does."""
-    monitor = kernel._monitor
+    monitor = kernel.monitor
     if monitor.mode != AFTER or monitor.num_samples is None:
         return
     monitor.bar_calls += 1
@@ -164,8 +164,8 @@ def on_progress(kernel, state):
         return
     i = int(np.max(np.asarray(state.i)))
     monitor.tick(i)
-    k = kernel._num_steps
-    i_end = kernel._num_warmup + monitor.num_samples * k
+    k = kernel.num_steps
+    i_end = kernel.run_shape().num_warmup + monitor.num_samples * k
     if i == i_end:
         check_run(kernel, state)
     ahead = (i_end - i) // k if i < i_end else _BAR_READ_EVERY
@@ -198,14 +198,14 @@ def _nonfinite(kernel, i, num_nonfinite):
     stopped = num_nonfinite > 0
     if not stopped.any():
         return []
-    k = kernel._num_steps
+    k = kernel.num_steps
     first = int(np.min((i - num_nonfinite + 1)[stopped]))
     at = k * -(-first // k)
-    monitor = kernel._monitor
+    monitor = kernel.monitor
 
     def warn():
         monitor.record_warning("nonfinite")
-        _warn_nonfinite(at, advice.nonfinite_remedies(kernel._run_facts()))
+        _warn_nonfinite(at, advice.nonfinite_remedies(kernel.run_facts()))
 
     return [(at, "nonfinite", warn)]
 
@@ -217,7 +217,7 @@ def _drift(kernel, rows, t_end):
     the draws they keep (the same rows where the record keeps every sample's)."""
     from numpyro_sgbd.evaluation.drift import drift
 
-    monitor, k = kernel._monitor, kernel._num_steps
+    monitor, k = kernel.monitor, kernel.num_steps
     trace_plan = monitor.trace_plan
     for t, points, every in drift_schedule(t_end, k):
         # Row r holds the draw of sample (r + 1) * trace_plan.every.
@@ -228,7 +228,7 @@ def _drift(kernel, rows, t_end):
         blocks = list(np.swapaxes(rows[:, slots], 0, 1))
         if drift(np.concatenate(blocks)) is None:
             continue
-        i = kernel._num_warmup + t
+        i = kernel.run_shape().num_warmup + t
         coords = trace_plan.coords
         check_drift = partial(monitor.check_drift, kernel, i, blocks, every, coords)
         return [(i, "drift", check_drift)]
@@ -240,7 +240,7 @@ def _sampling_step(kernel, state, take):
     state's, or the given scalar step; ``None`` for a step per site."""
     if state.step_size is not None:
         return np.asarray(take(state.step_size), float).reshape(-1)
-    given = kernel._step_size
+    given = kernel.run_shape().fixed_step
     if given is None or isinstance(given, dict) or np.ndim(given):
         return None
     return np.full(1, float(given))
@@ -270,7 +270,7 @@ def _error_estimate(kernel, state, take):
     faster than the record resolves, and its error is taken from the law's ESS at
     the run's length (a h^q per step, twice that for the squares of a diffusive
     chain) where that is smaller."""
-    monitor, law = kernel._monitor, kernel.bias_law()
+    monitor, law = kernel.monitor, kernel.bias_law()
     found = monitor.convergence
     check_pool = monitor.check
     if law is None or found is None or check_pool is None or check_pool.pending:
@@ -284,7 +284,7 @@ def _error_estimate(kernel, state, take):
     tau2 = float(np.mean(_noise_sq(state, take)))
     h = float(np.max(step))
     errors, ess = convergence.sd_error(rows)
-    steps = monitor.trace_plan.num_samples * kernel._num_steps * rows.shape[0]
+    steps = monitor.trace_plan.num_samples * kernel.num_steps * rows.shape[0]
     by_law = 1.0 / np.sqrt(4.0 * law.ess_rate * steps * h**law.ess_order)
     capped = ess >= 0.5 * rows.shape[0] * rows.shape[1]
     errors = np.where(capped, np.minimum(errors, by_law), errors)

@@ -101,6 +101,9 @@ _NOTES_PER_OCTAVE = 16
 _CLOCK_EVENTS = 8192  # kept per kernel, newest last
 # The stationarity check needs this many thinned sampling draws per run.
 _DRIFT_MIN_POINTS = 16
+#: The step check warns when warmup ends with an adapted step below this
+#: fraction of the kernel's target in u.
+STEP_WARN_FRACTION = 0.1
 
 
 def _note_every(num_steps):
@@ -198,7 +201,7 @@ def wall_time(kernel, mcmc):
     add up. What NumPyro does before ``init`` and after the last step (collecting
     the draws) is not counted: a few percent of a short run.
     """
-    monitor = getattr(kernel, "_monitor", None)
+    monitor = getattr(kernel, "monitor", None)
     events = list(monitor.clock) if monitor is not None else []
     last = getattr(mcmc, "last_state", None)
     if not events or last is None or not hasattr(last, "i"):
@@ -326,11 +329,11 @@ class Monitor:
         sampling and the drift check's draws."""
         if first_stop:
             self.record_warning("nonfinite")
-            _warn_nonfinite(i, advice.nonfinite_remedies(kernel._run_facts()))
+            _warn_nonfinite(i, advice.nonfinite_remedies(kernel.run_facts()))
         batch_shape = np.shape(i)
         i = int(np.max(i))
         self.tick(i)
-        num_warmup, k = kernel._num_warmup, kernel._num_steps
+        num_warmup, k = kernel.run_shape()[:2]
         if i > num_warmup and not self.step_checked:
             self.step_checked = True
             self.check_step(kernel, smallest_step(batch_shape, step_size, scale))
@@ -351,17 +354,17 @@ class Monitor:
 
     def check_step(self, kernel, step):
         """Warn when the adapted step of some chain ended warmup far below its
-        target (below ``kernel._STEP_WARN_FRACTION`` of it): the gradient noise,
+        target (below ``STEP_WARN_FRACTION`` of it): the gradient noise,
         not the posterior, then sets the step, and the chain needs many more
         iterations per independent draw."""
         if np.all(np.isnan(step)):
             return
         smallest = float(np.nanmin(step))
         target = kernel.step_target()
-        if smallest >= kernel._STEP_WARN_FRACTION * target:
+        if smallest >= STEP_WARN_FRACTION * target:
             return
         self.record_warning("step")
-        remedies = advice.step_remedies(kernel._run_facts())
+        remedies = advice.step_remedies(kernel.run_facts())
         warnings.warn(
             f"{type(kernel).__name__}: the gradient noise held the adapted step to "
             f"{smallest:.3g} in the whitened coordinates (target "
@@ -386,10 +389,11 @@ class Monitor:
             return
         self.drift_warned = True
         self.record_warning("drift")
-        remedies = advice.drift_remedies(kernel._run_facts())
+        remedies = advice.drift_remedies(kernel.run_facts())
         j = found.index if coords is None else int(coords[found.index])
-        name = flat_name(kernel._draw_shapes, j)
-        so_far = f"over the {i - kernel._num_warmup} sampling iterations so far"
+        name = flat_name(kernel.prepared.draw_shapes, j)
+        t = i - kernel.run_shape().num_warmup
+        so_far = f"over the {t} sampling iterations so far"
         if found.t is None:
             what = (
                 f"The chain is not mixing: {so_far}, {name} held still within the "

@@ -6,7 +6,7 @@ ends, the convergence check with its warning), and the check of data that
 NumPyro would compile into its loop as constants. The checks after the run are
 in :mod:`~numpyro_sgbd.monitoring.checks`.
 
-Each function takes the kernel whose :class:`Monitor` (``kernel._monitor``)
+Each function takes the kernel whose :class:`Monitor` (``kernel.monitor``)
 holds the record of its runs: the warnings given, the convergence check's pool
 of chains and its result.
 """
@@ -47,8 +47,15 @@ CONSTANT_DATA_WARN_BYTES = 64 * 2**20
 
 
 class Monitored:
-    """What a kernel's run checks found, on the kernel: a base of the kernels,
-    whose :class:`~numpyro_sgbd.monitoring.notes.Monitor` is ``_monitor``."""
+    """What a kernel's run checks found, on the kernel: a base of the kernel
+    class, whose :class:`~numpyro_sgbd.monitoring.notes.Monitor` is
+    ``_monitor``."""
+
+    @property
+    def monitor(self):
+        """The host side of the run checks
+        (:class:`~numpyro_sgbd.monitoring.notes.Monitor`)."""
+        return self._monitor
 
     @property
     def run_warnings(self):
@@ -104,11 +111,11 @@ def _global_coords(one_z, local):
 def start_trace(kernel, state, one_z):
     """``state`` with the convergence check's record when NumPyro's ``MCMC`` is
     running the kernel (none with :func:`~numpyro_sgbd.monitoring.off`)."""
-    monitor = kernel._monitor
+    monitor = kernel.monitor
     leaves = jax.tree.leaves(one_z)
     dim = sum(int(np.size(x)) for x in leaves)
     mcmc = driving_mcmc(kernel) if enabled() else None
-    trace_plan = plan(mcmc, dim, _global_coords(one_z, getattr(kernel, "_local", {})))
+    trace_plan = plan(mcmc, dim, _global_coords(one_z, kernel.prepared.local))
     check = monitor.check
     # Sequential and parallel chains each call `init`: a run starts, and the
     # check's pool of chains with it, only where no chain is pending.
@@ -140,15 +147,15 @@ def after_sample(kernel, state, new_state, trace):
 
 def _recorded(kernel, state, new_state, trace):
     """``trace`` with the draw of ``new_state`` written in."""
-    num_warmup, num_steps = kernel._num_warmup, kernel._num_steps
+    num_warmup, num_steps = kernel.run_shape()[:2]
     after = (new_state.i - num_warmup) // num_steps
-    return record(trace, kernel._monitor.trace_plan, new_state.z, after)
+    return record(trace, kernel.monitor.trace_plan, new_state.z, after)
 
 
 def _noted(kernel, state, new_state, trace):
     """``new_state`` after the live notes of one sample (see
     :func:`after_sample`): the host calls and the record."""
-    num_warmup, num_steps = kernel._num_warmup, kernel._num_steps
+    num_warmup, num_steps = kernel.run_shape()[:2]
     # Once per run: when the first chain stops (vectorized chains share a call).
     first_stop = jnp.any(new_state.num_nonfinite > 0) & jnp.all(
         state.num_nonfinite == 0
@@ -160,7 +167,7 @@ def _noted(kernel, state, new_state, trace):
     scale = None if new_state.scale is None else new_state.scale.scale
     i = call_host(
         due,
-        lambda *args: kernel._monitor.note(kernel, *args),
+        lambda *args: kernel.monitor.note(kernel, *args),
         new_state.i,
         first_stop,
         jax.tree.leaves(new_state.z),
@@ -172,7 +179,7 @@ def _noted(kernel, state, new_state, trace):
     before = (state.i - num_warmup) // num_steps
     after = (new_state.i - num_warmup) // num_steps
     trace = _recorded(kernel, state, new_state, trace)
-    ends = run_ends(kernel._monitor.trace_plan, before, after)
+    ends = run_ends(kernel.monitor.trace_plan, before, after)
     i = call_host(ends, lambda i, rows: _on_run_end(kernel, rows), i, trace.rows)
     return new_state._replace(i=i, trace=trace)
 
@@ -181,7 +188,7 @@ def _on_run_end(kernel, rows):
     """The convergence check, once every chain's run has ended; a
     :class:`ConvergenceWarning` naming the worst coordinate and the remedies
     when it falls short."""
-    monitor = kernel._monitor
+    monitor = kernel.monitor
     if monitor.check is None:  # unpickled mid-run: no pool to add to
         return
     found = monitor.check.add(rows)
@@ -191,7 +198,7 @@ def _on_run_end(kernel, rows):
     if found["converged"]:
         return
     monitor.record_warning("convergence")
-    shapes = kernel._draw_shapes
+    shapes = kernel.prepared.draw_shapes
     ess = min(found["min_ess_bulk"], found["min_ess_tail"])
     parts = []
     if ess < MIN_ESS:
@@ -207,7 +214,7 @@ def _on_run_end(kernel, rows):
             f"{flat_name(shapes, found['worst_rhat'])}"
         )
     remedies = advice.convergence_remedies(
-        kernel._run_facts(),
+        kernel.run_facts(),
         ess=ess,
         rhat=rhat,
         num_samples=monitor.trace_plan.num_samples,

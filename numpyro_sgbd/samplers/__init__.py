@@ -1,11 +1,11 @@
 """The samplers users construct: SGBD, SGLD, NOGIN, BAOAB and the complete
 recipe's SGHMC, SGNHT, SGRLD and any (D, Q) sampler.
 
-Each is a short validating constructor over a pure update family of
-:mod:`numpyro_sgbd.updates` and the NumPyro adapter of
-:mod:`numpyro_sgbd.kernel` (:class:`~numpyro_sgbd.kernel._FamilyKernel`): its
-state type, the family's ``init``/``step`` and its hyperparameters, which stay
-call arguments of the pure step (so that tuning can vmap over them). By family:
+Each is a class of the one kernel, :class:`~numpyro_sgbd.kernel.SGKernel`, that
+sets only its :class:`~numpyro_sgbd.spec.SamplerSpec`: a pure update family of
+:mod:`numpyro_sgbd.updates`, its state type, arguments and their checks. The
+hyperparameters stay call arguments of the pure step (so that tuning can vmap
+over them). By family:
 :mod:`~numpyro_sgbd.samplers.position` (SGBD, SGLD),
 :mod:`~numpyro_sgbd.samplers.nogin`, :mod:`~numpyro_sgbd.samplers.momentum`
 (SGHMC, SGNHT, BAOAB) and :mod:`~numpyro_sgbd.samplers.recipe` (Recipe, SGRLD).

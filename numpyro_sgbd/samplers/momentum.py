@@ -5,9 +5,9 @@ import numpy as np
 
 from numpyro_sgbd import core
 from numpyro_sgbd.discretisation import BiasLaw
-from numpyro_sgbd.family_kernel import _FamilyKernel
-from numpyro_sgbd.kernel import family_state
+from numpyro_sgbd.kernel import SGKernel, family_state
 from numpyro_sgbd.options import _check_positive_tree
+from numpyro_sgbd.spec import SamplerSpec
 from numpyro_sgbd.updates.baoab import baoab_step
 from numpyro_sgbd.updates.sghmc import sghmc_init, sghmc_step
 from numpyro_sgbd.updates.sgnht import sgnht_init, sgnht_step
@@ -32,33 +32,105 @@ SGNHTKernelState.__doc__ = """State of :class:`SGNHT`: as
 default) and ``aux`` the pure :class:`~numpyro_sgbd.updates.sgnht.SGNHTState`."""
 
 
-class _FrictionMass(_FamilyKernel):
-    """A momentum family with a friction and a diagonal mass, per site (SGHMC,
-    BAOAB): their constructor."""
+BAOABKernelState = family_state(
+    "BAOABKernelState", ("kinetic_energy",), module=__name__
+)
+BAOABKernelState.__doc__ = """State of :class:`BAOAB`: as :class:`SGHMCKernelState`
+(``z_grad`` is the force the next step's first kick uses, ``aux`` the pure
+:class:`~numpyro_sgbd.updates.sghmc.SGHMCState`); ``tolerance_exceeded`` is NaN:
+the scheme has no noise tolerance."""
 
-    _NOT_TAKEN = ("adapt_mass_matrix",)
 
-    def __init__(
-        self,
-        *sources,
-        step_size=None,
-        friction=1.0,
-        mass=1.0,
-        variant=None,
-        **options,
-    ):
-        _check_positive_tree(friction, "friction")
-        _check_positive_tree(mass, "mass")
-        super().__init__(
-            *sources,
-            step_size=step_size,
-            variant=variant,
-            **options,
+def _friction_mass(args):
+    """SGHMC's and BAOAB's hyperparameters: a positive friction and diagonal
+    mass, per site."""
+    _check_positive_tree(args["friction"], "friction")
+    _check_positive_tree(args["mass"], "mass")
+    return {"friction": args["friction"], "mass": args["mass"]}
+
+
+def _thermostat(args):
+    """SGNHT's: one scalar step and diffusion, as one thermostat couples all
+    coordinates."""
+    step_size, diffusion = args["step_size"], args["diffusion"]
+    if step_size is not None and (isinstance(step_size, dict) or np.ndim(step_size)):
+        raise ValueError(
+            "SGNHT's step_size must be a positive scalar (one thermostat "
+            f"couples all coordinates), got {step_size!r}."
         )
-        self._hyperparameters = {"friction": friction, "mass": mass}
+    if isinstance(diffusion, dict) or np.ndim(diffusion):
+        raise ValueError(
+            "diffusion must be a positive scalar A (the thermostat is one "
+            f"scalar for all coordinates), got {diffusion!r}."
+        )
+    _check_positive_tree(diffusion, "diffusion")
+    return {"diffusion": diffusion}
 
 
-class SGHMC(_FrictionMass):
+SGHMC_SPEC = SamplerSpec(
+    name="SGHMC",
+    init=sghmc_init,
+    step=core.gradient_at_end(sghmc_step),
+    state_type=SGHMCKernelState,
+    hyperparameters={"friction": 1.0, "mass": 1.0},
+    not_taken=("adapt_mass_matrix",),
+    check=_friction_mass,
+    init_args=("mass",),
+    noise_diffusion="friction",
+    # In u (unit posterior scale) with C = 1 the explicit update's variance is
+    # 1.053 at 0.05 (sd 2.6 % wide, like SGLD's 0.4) and 1.11 at 0.1.
+    step_target=0.05,
+    # var - 1 = 1.29 h on N(0, I) with exact gradients at friction = mass = 1
+    # (the Euler update is first order), median bulk ESS 0.42 h per step
+    # (benchmarks/bias_laws.py). Measured at the defaults only: with another
+    # friction or mass there is no law (bias_law() is None).
+    bias_laws=dict.fromkeys(
+        ("vanilla", "corrected"), BiasLaw(1.285, 0.0, 1, 0.418, 1.0)
+    ),
+    bias_law_at={"friction": 1.0, "mass": 1.0},
+)
+
+SGNHT_SPEC = SamplerSpec(
+    name="SGNHT",
+    init=sgnht_init,
+    step=core.gradient_at_end(sgnht_step),
+    state_type=SGNHTKernelState,
+    hyperparameters={"diffusion": 1.0},
+    defaults={"variant": "vanilla"},
+    not_taken=("adapt_mass_matrix",),
+    check=_thermostat,
+    init_args=("diffusion",),
+    noise_diffusion="diffusion",
+    step_target=0.05,
+    # var - 1 = -0.43 h on N(0, I) with exact gradients at diffusion 1 (first
+    # order, the sds narrow), median bulk ESS 0.38 h per step (bias_laws.py);
+    # no law at another diffusion.
+    bias_laws=dict.fromkeys(
+        ("vanilla", "corrected"), BiasLaw(-0.433, 0.0, 1, 0.380, 1.0)
+    ),
+    bias_law_at={"diffusion": 1.0},
+)
+
+BAOAB_SPEC = SamplerSpec(
+    name="BAOAB",
+    init=sghmc_init,
+    step=baoab_step,
+    state_type=BAOABKernelState,
+    hyperparameters={"friction": 1.0, "mass": 1.0},
+    not_taken=("adapt_mass_matrix", "beta", "init_noise_sd"),
+    check=_friction_mass,
+    init_args=("mass",),
+    variants=("vanilla",),
+    step_target=0.2,
+    # Exact on a Gaussian's positions (Leimkuhler & Matthews 2013): var - 1 =
+    # 0.006 +- 0.004 h on N(0, I), no measurable bias; median bulk ESS 0.39 h
+    # per step at friction = mass = 1 (benchmarks/bias_laws.py).
+    bias_laws={"vanilla": BiasLaw(0.0, 0.0, 1, 0.388, 1.0)},
+    bias_law_at={"friction": 1.0, "mass": 1.0},
+)
+
+
+class SGHMC(SGKernel):
     r"""Stochastic gradient Hamiltonian Monte Carlo (Chen, Fox & Guestrin, 2014), in
     the form the complete recipe gives it (Ma, Chen & Fox, 2015, eq. 12).
 
@@ -132,25 +204,10 @@ class SGHMC(_FrictionMass):
     True
     """
 
-    _state_type = SGHMCKernelState
-    _family_init = staticmethod(sghmc_init)
-    _family_step = staticmethod(core.gradient_at_end(sghmc_step))
-    _INIT_ARGS = ("mass",)
-    _NOISE_DIFFUSION = "friction"
-    # In u (unit posterior scale) with C = 1 the explicit update's variance is
-    # 1.053 at 0.05 (sd 2.6 % wide, like SGLD's 0.4) and 1.11 at 0.1.
-    _STEP_TARGET = 0.05
-    # var - 1 = 1.29 h on N(0, I) with exact gradients at friction = mass = 1
-    # (the Euler update is first order), median bulk ESS 0.42 h per step
-    # (benchmarks/bias_laws.py). Measured at the defaults only: with another
-    # friction or mass there is no law (bias_law() is None).
-    _BIAS_LAWS = dict.fromkeys(
-        ("vanilla", "corrected"), BiasLaw(1.285, 0.0, 1, 0.418, 1.0)
-    )
-    _BIAS_LAW_AT = {"friction": 1.0, "mass": 1.0}
+    spec = SGHMC_SPEC
 
 
-class SGNHT(_FamilyKernel):
+class SGNHT(SGKernel):
     r"""The stochastic gradient Nosé-Hoover thermostat (Ding et al., 2014), in the
     form of the complete recipe (Ma, Chen & Fox, 2015, eq. 15).
 
@@ -200,62 +257,10 @@ class SGNHT(_FamilyKernel):
     True
     """
 
-    _NOT_TAKEN = ("adapt_mass_matrix",)
-
-    _state_type = SGNHTKernelState
-    _family_init = staticmethod(sgnht_init)
-    _family_step = staticmethod(core.gradient_at_end(sgnht_step))
-    _INIT_ARGS = ("diffusion",)
-    _NOISE_DIFFUSION = "diffusion"
-    _STEP_TARGET = 0.05
-    # var - 1 = -0.43 h on N(0, I) with exact gradients at diffusion 1 (first
-    # order, the sds narrow), median bulk ESS 0.38 h per step (bias_laws.py);
-    # no law at another diffusion.
-    _BIAS_LAWS = dict.fromkeys(
-        ("vanilla", "corrected"), BiasLaw(-0.433, 0.0, 1, 0.380, 1.0)
-    )
-    _BIAS_LAW_AT = {"diffusion": 1.0}
-
-    def __init__(
-        self,
-        *sources,
-        step_size=None,
-        diffusion=1.0,
-        variant="vanilla",
-        **options,
-    ):
-        if step_size is not None and (
-            isinstance(step_size, dict) or np.ndim(step_size)
-        ):
-            raise ValueError(
-                "SGNHT's step_size must be a positive scalar (one thermostat "
-                f"couples all coordinates), got {step_size!r}."
-            )
-        if isinstance(diffusion, dict) or np.ndim(diffusion):
-            raise ValueError(
-                "diffusion must be a positive scalar A (the thermostat is one "
-                f"scalar for all coordinates), got {diffusion!r}."
-            )
-        _check_positive_tree(diffusion, "diffusion")
-        super().__init__(
-            *sources,
-            step_size=step_size,
-            variant=variant,
-            **options,
-        )
-        self._hyperparameters = {"diffusion": diffusion}
+    spec = SGNHT_SPEC
 
 
-BAOABKernelState = family_state(
-    "BAOABKernelState", ("kinetic_energy",), module=__name__
-)
-BAOABKernelState.__doc__ = """State of :class:`BAOAB`: as :class:`SGHMCKernelState`
-(``z_grad`` is the force the next step's first kick uses, ``aux`` the pure
-:class:`~numpyro_sgbd.updates.sghmc.SGHMCState`); ``tolerance_exceeded`` is NaN:
-the scheme has no noise tolerance."""
-
-
-class BAOAB(_FrictionMass):
+class BAOAB(SGKernel):
     r"""Underdamped Langevin dynamics by the BAOAB splitting (Leimkuhler &
     Matthews, 2013) with minibatch forces: half a kick, half a drift, the exact
     Ornstein-Uhlenbeck flow of the friction and noise, half a drift, half a kick
@@ -315,16 +320,4 @@ class BAOAB(_FrictionMass):
     True
     """
 
-    _NOT_TAKEN = ("adapt_mass_matrix", "beta", "init_noise_sd")
-
-    _state_type = BAOABKernelState
-    _family_init = staticmethod(sghmc_init)
-    _family_step = staticmethod(baoab_step)
-    _INIT_ARGS = ("mass",)
-    _VARIANTS = ("vanilla",)
-    _STEP_TARGET = 0.2
-    # Exact on a Gaussian's positions (Leimkuhler & Matthews 2013): var - 1 =
-    # 0.006 +- 0.004 h on N(0, I), no measurable bias; median bulk ESS 0.39 h
-    # per step at friction = mass = 1 (benchmarks/bias_laws.py).
-    _BIAS_LAWS = {"vanilla": BiasLaw(0.0, 0.0, 1, 0.388, 1.0)}
-    _BIAS_LAW_AT = {"friction": 1.0, "mass": 1.0}
+    spec = BAOAB_SPEC

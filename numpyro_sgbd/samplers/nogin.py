@@ -12,11 +12,12 @@ from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_sgbd import core, monitoring
+from numpyro_sgbd import monitoring
 from numpyro_sgbd.discretisation import BiasLaw
-from numpyro_sgbd.kernel import _SGKernel, logger
-from numpyro_sgbd.options import _check_positive, _check_positive_tree, _per_site
+from numpyro_sgbd.kernel import SGKernel, logger
+from numpyro_sgbd.options import _check_positive, _check_positive_tree
 from numpyro_sgbd.setup import dimension
+from numpyro_sgbd.spec import RunChecks, SamplerSpec, flat_per_site
 from numpyro_sgbd.updates import (
     COVARIANCES,
     nogin_damp,
@@ -107,7 +108,7 @@ _NOISE_BIAS_DAMPING = 0.1
 _STALL_CHECK_ITERATION = 100
 
 
-def _warn_stall(i, damping):
+def _warn_stall(shape, i, damping):
     warnings.warn(
         f"NOGIN: noise_damping = {float(np.max(damping)):.3g} at iteration "
         f"{int(np.max(i))}. The momentum damping that cancels the gradient noise "
@@ -209,8 +210,9 @@ def _nogin_aux_of(state, x):
     return NOGINUpdateState(x, state.p)
 
 
-def _check_arguments(step_size, friction, mass, inverse_temperature, covariance):
+def _check_nogin(args):
     """NOGIN's own arguments, checked before anything is traced."""
+    step_size, mass, covariance = args["step_size"], args["mass"], args["covariance"]
     check_step_size(step_size, "a positive float, or None to adapt it in warmup")
     if step_size is not None and (
         isinstance(step_size, dict) or np.ndim(step_size) != 0
@@ -219,16 +221,248 @@ def _check_arguments(step_size, friction, mass, inverse_temperature, covariance)
             "NOGIN's step_size must be a positive scalar; for per-coordinate "
             f"scales set mass= (the diagonal of M). Got {step_size!r}."
         )
-    _check_positive(friction, "friction")
-    _check_positive(inverse_temperature, "inverse_temperature")
+    _check_positive(args["friction"], "friction")
+    _check_positive(args["inverse_temperature"], "inverse_temperature")
     _check_positive_tree(mass, "mass")
     if covariance not in COVARIANCES + ("auto",):
         raise ValueError(
             f"covariance must be 'auto' or one of {COVARIANCES}, got {covariance!r}."
         )
+    noise_estimate = args["noise_estimate"]
+    if noise_estimate not in ("auto", "same", "independent"):
+        raise ValueError(
+            "noise_estimate must be 'auto', 'same' or 'independent', got "
+            f"{noise_estimate!r}."
+        )
+    if noise_estimate != "auto" and args["model"] is None:
+        raise ValueError(
+            f"noise_estimate={noise_estimate!r} chooses which minibatch the "
+            "noise covariance comes from: a model's; with gradient_fn the "
+            "function returns it. Leave noise_estimate='auto'."
+        )
+    if covariance == "auto" and args["gradient_fn"] is not None:
+        raise ValueError(
+            "With gradient_fn, name the form of the noise covariance your "
+            f"function returns: covariance= one of {COVARIANCES}."
+        )
+    preconditioner = args["preconditioner"]
+    if preconditioner is None:
+        preconditioner = "auto" if step_size is None else "none"
+    if preconditioner != "none" and not (
+        np.ndim(mass) == 0 and not isinstance(mass, dict) and float(mass) == 1.0
+    ):
+        raise ValueError(
+            "with a preconditioner (step_size=None, or preconditioner=...) the "
+            "mass is the identity in the whitened coordinates u, M = H at the "
+            "mode in z: leave mass=1.0, or pass preconditioner='none' with a "
+            "step_size and your own mass."
+        )
+    names = ("friction", "mass", "inverse_temperature", "covariance")
+    return {name: args[name] for name in names}
 
 
-class NOGIN(_SGKernel):
+def _noise_form(hyper, variant, shapes, plates, source):
+    """The covariance form: as given; with ``"auto"``, ``"diag"`` for exact
+    gradients (a potential), else chosen by d and n once the model is traced
+    (``"auto"`` before)."""
+    covariance = hyper["covariance"]
+    if covariance != "auto":
+        return covariance
+    if source != "model":
+        return "diag"
+    if shapes is None:
+        return "auto"
+    n = max((plate[1] for plate in plates.values()), default=0)
+    covariance, why = choose_covariance(dimension(shapes), n)
+    logger.info("NOGIN: covariance=%r (%s).", covariance, why)
+    return covariance
+
+
+def _resolve(hyper, shapes, one_z, preconditioned, args):
+    """The friction and temperature as numbers, the mass as one flat vector."""
+    return {
+        "friction": float(hyper["friction"]),
+        "mass": flat_per_site(hyper["mass"], shapes, one_z, "mass"),
+        "inverse_temperature": float(hyper["inverse_temperature"]),
+    }
+
+
+def _family_options(step_kwargs, noise_form, independent):
+    """NOGIN's A-B-O-B-A as a family of the core (:class:`core.Family`): on the
+    flat position (u with a preconditioner, where M = I), its force estimated
+    at the half step through ``estimate_fn``; the state keeps the momentum
+    ``p`` and no gradient."""
+    return {
+        "step_kwargs": {**step_kwargs, "covariance": noise_form},
+        "keeps_gradient": False,
+        "independent_noise": independent,
+        "rows_first": True,
+        "mean_noise_sd": partial(_nogin_mean_noise_sd, noise_form),
+        "flat": True,
+        "split_init_key": _three_keys,
+        "in_scale": _nogin_in_scale,
+        "rescale": _nogin_rescale,
+        "state_of": _nogin_state_of,
+        "aux_of": _nogin_aux_of,
+        "checked": ("noise_damping",),
+    }
+
+
+def _check_probe(probe, one_z, noise_form, source):
+    """A gradient_fn's noise covariance, in the form ``covariance`` names."""
+    if probe.noise_cov is None:
+        if source == "gradient_fn":
+            raise ValueError(
+                "NOGIN needs the covariance of the gradient noise: gradient_fn "
+                "must return GradientEstimate(z_grad, noise_cov=...) in the form "
+                f"covariance={noise_form!r} names (zeros for exact gradients)."
+            )
+        return
+    d = ravel_pytree(one_z)[0].shape[0]
+    try:
+        jax.eval_shape(
+            partial(nogin_damp, covariance=noise_form),
+            jax.ShapeDtypeStruct((d,), jnp.result_type(float)),
+            probe.noise_cov,
+            1.0,
+            0.5,
+        )
+    except ValueError as err:
+        raise ValueError(f"The gradient estimate's noise_cov: {err}") from None
+
+
+def _allowed(target, state):
+    """The step target, lowered while the noise term's damping exceeds 1 (to
+    where it would be 1: it grows like h^2)."""
+    target = jnp.asarray(target, jnp.result_type(float))
+    if state.step_size is None:  # the initial state
+        return target
+    damping = state.noise_damping
+    allowed = jnp.where(damping > 1.0, state.step_size / jnp.sqrt(damping), jnp.inf)
+    return jnp.minimum(target, allowed).astype(target.dtype)
+
+
+# ---------------------------------------------------------- the run checks
+def _start_record(state, shape):
+    """Where the run checks are made after the run: the stall check's and the
+    noise check's records in the initial state."""
+    if monitoring.mode() != monitoring.switch.AFTER:
+        return state
+    dtype = jnp.result_type(state.noise_damping)
+    return state._replace(
+        stall_damping=jnp.full(jnp.shape(state.i), jnp.nan, dtype),
+        sampling_damping=jnp.zeros(jnp.shape(state.i), dtype),
+    )
+
+
+def _record(kept, state, new_state, shape, warn):
+    """After a sample: ``noise_damping`` where the chain crossed the stall
+    check's iteration, and the running mean over the sampling draws; under
+    :func:`~numpyro_sgbd.monitoring.per_step`, the stall check itself."""
+    stall, mean = kept["stall_damping"], kept["sampling_damping"]
+    check_at = max(shape.num_warmup, _STALL_CHECK_ITERATION)
+    crossed = (state.i < check_at) & (new_state.i >= check_at)
+    if monitoring.mode() != monitoring.switch.PER_STEP:
+        if stall is not None and monitoring.enabled():
+            stall = jnp.where(crossed, new_state.noise_damping, stall)
+            # The running mean over the samples after warmup.
+            t = (new_state.i - shape.num_warmup) // shape.num_steps
+            step = (new_state.noise_damping - mean) / jnp.maximum(t, 1)
+            mean = jnp.where(t >= 1, mean + step, mean).astype(mean.dtype)
+        return new_state._replace(stall_damping=stall, sampling_damping=mean)
+    stalled = jnp.any(crossed & (new_state.noise_damping > _STALL_DAMPING))
+    return new_state._replace(
+        stall_damping=stall,
+        i=monitoring.call_host(
+            stalled, partial(warn, "stall"), new_state.i, new_state.noise_damping
+        ),
+    )
+
+
+def _recorded(state, take, shape, warn):
+    """The stall check after the run: ``stall_damping`` above 1 in some chain
+    warns, at the iteration the live check would; and the noise check:
+    ``sampling_damping`` above :data:`_NOISE_BIAS_DAMPING` in some chain warns
+    at the run's end, where the stall check did not and the covariance comes
+    from the force's own minibatch."""
+    found = []
+    k = shape.num_steps
+    damping = take(state.stall_damping)
+    if damping is not None and np.any(damping > _STALL_DAMPING):
+        at = k * -(-max(shape.num_warmup, _STALL_CHECK_ITERATION) // k)
+        found.append((at, "stall", partial(warn, "stall", at, np.nanmax(damping))))
+    mean = take(state.sampling_damping)
+    # A stalled run says more already; under monitoring.per_step the field is
+    # not kept, and this check is not made; a gradient_fn's covariance need
+    # not be estimated from its force's own draws.
+    own = shape.has_model and not shape.independent_noise
+    noisy = mean is not None and np.any(mean > _NOISE_BIAS_DAMPING)
+    if not found and own and noisy:
+        at = int(np.max(take(state.i)))
+        found.append((at, "noise", partial(warn, "noise", float(np.max(mean)))))
+    return found
+
+
+def _warn_noise(shape, damping):
+    gradient = "plain minibatches" if shape.gradient == "minibatch" else None
+    why = f" (the gradient is estimated on {gradient})" if gradient else ""
+    warnings.warn(
+        f"NOGIN: the O-step damped the momentum by {damping:.2g} on average "
+        f"over the sampling draws{why}. It damps by each minibatch's own "
+        "estimate of the gradient noise, which moves with the force's own "
+        "error where the per-datum gradients are skewed: at this noise level "
+        "the means can be off by a posterior sd or more (benchmarks/"
+        "local_sites.py). Pass noise_estimate='independent' (the covariance "
+        "from a second minibatch), a larger subsample_size (the noise "
+        "variance falls like 1/n), or use SGLD.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+NOGIN_SPEC = SamplerSpec(
+    name="NOGIN",
+    init=nogin_init,
+    step=_nogin_family_step,
+    state_type=NOGINState,
+    hyperparameters={
+        "friction": 1.0,
+        "mass": 1.0,
+        "inverse_temperature": 1.0,
+        "covariance": "auto",
+        "noise_estimate": "auto",
+    },
+    not_taken=("variant", "beta", "init_noise_sd"),
+    check=_check_nogin,
+    variants=("vanilla",),
+    init_args=("mass", "inverse_temperature"),
+    # Exact for a Gaussian target with Gaussian noise whatever h < 2 in units of
+    # the posterior sd (Matthews & Weare, Lemma 4.2); 0.5 in u keeps the
+    # second-order bias of non-Gaussian targets (their Theorem 4.1) small. The
+    # noise term's damping grows like h^2: the step is kept where it is <= 1
+    # (Section 4.3: beyond it the momentum is cancelled every step).
+    step_target=0.5,
+    # The integrator samples a Gaussian's variances without a measurable bias:
+    # var - 1 = -0.002 +- 0.001 h on N(0, I) with exact gradients; median bulk
+    # ESS 0.42 h per step (benchmarks/bias_laws.py). The run's error estimate
+    # is then its Monte Carlo error.
+    bias_laws={"vanilla": BiasLaw(0.0, 0.0, 1, 0.415, 1.0)},
+    resolve=_resolve,
+    noise_form=_noise_form,
+    check_probe=_check_probe,
+    family_options=_family_options,
+    allowed=_allowed,
+    run_checks=RunChecks(
+        fields=("stall_damping", "sampling_damping"),
+        start=_start_record,
+        after=_record,
+        recorded=_recorded,
+        warnings={"stall": _warn_stall, "noise": _warn_noise},
+    ),
+)
+
+
+class NOGIN(SGKernel):
     r"""NOGIN, the noisy gradient integrator (Matthews & Weare).
 
     Underdamped Langevin dynamics in (z, p), integrated by A-B-O-B-A steps whose
@@ -340,275 +574,4 @@ class NOGIN(_SGKernel):
     True
     """
 
-    def __init__(
-        self,
-        *sources,
-        step_size=None,
-        friction=1.0,
-        mass=1.0,
-        inverse_temperature=1.0,
-        covariance="auto",
-        noise_estimate="auto",
-        **options,
-    ):
-        _check_arguments(step_size, friction, mass, inverse_temperature, covariance)
-        if noise_estimate not in ("auto", "same", "independent"):
-            raise ValueError(
-                "noise_estimate must be 'auto', 'same' or 'independent', got "
-                f"{noise_estimate!r}."
-            )
-        super().__init__(*sources, step_size=step_size, **options)
-        if noise_estimate != "auto" and self._model is None:
-            raise ValueError(
-                f"noise_estimate={noise_estimate!r} chooses which minibatch the "
-                "noise covariance comes from: a model's; with gradient_fn the "
-                "function returns it. Leave noise_estimate='auto'."
-            )
-        self._noise_estimate = noise_estimate
-        if covariance == "auto" and self._gradient_fn is not None:
-            raise ValueError(
-                "With gradient_fn, name the form of the noise covariance your "
-                f"function returns: covariance= one of {COVARIANCES}."
-            )
-        if self._preconditioner_arg != "none" and not (
-            np.ndim(mass) == 0 and not isinstance(mass, dict) and float(mass) == 1.0
-        ):
-            raise ValueError(
-                "with a preconditioner (step_size=None, or preconditioner=...) the "
-                "mass is the identity in the whitened coordinates u, M = H at the "
-                "mode in z: leave mass=1.0, or pass preconditioner='none' with a "
-                "step_size and your own mass."
-            )
-        self._friction = float(friction)
-        self._inverse_temperature = float(inverse_temperature)
-        self._mass_arg = mass
-        self._covariance_arg = covariance
-        # Exact gradients (potential_fn) have no noise: any form serves.
-        self._covariance = (
-            "diag" if covariance == "auto" and self._model is None else covariance
-        )
-        self._mass = None
-
-    @property
-    def default_fields(self):
-        """``z`` and the per-draw sampler statistics (see :class:`NOGINState`)."""
-        return (
-            "z",
-            "potential_energy_estimate",
-            "mean_noise_sd",
-            "noise_damping",
-            "num_nonfinite",
-        )
-
-    @property
-    def covariance(self):
-        """The form of the noise covariance: as given, or with
-        ``covariance="auto"`` the form chosen at ``init`` (``"auto"`` before it)."""
-        return self._covariance
-
-    def _noise_form(self):
-        return self._covariance
-
-    def _resolve_noise_form(self, noise_form, shapes, plates):
-        if self._covariance_arg != "auto":
-            return noise_form
-        d = dimension(shapes)
-        n = max((plate[1] for plate in plates.values()), default=0)
-        self._covariance, why = choose_covariance(d, n)
-        logger.info("NOGIN: covariance=%r (%s).", self._covariance, why)
-        return self._covariance
-
-    def _noise_needed_by(self):
-        return "NOGIN", ""
-
-    def _prepare(self, shapes, one_z):
-        super()._prepare(shapes, one_z)
-        mass = _per_site(self._mass_arg, shapes, "mass")
-        flat_z, _ = ravel_pytree(one_z)
-        if isinstance(mass, dict):  # ravel_pytree orders both dicts by key
-            mass = ravel_pytree(mass)[0]
-        elif isinstance(shapes, dict):  # one scalar for every site
-            mass = jnp.broadcast_to(mass, flat_z.shape)
-        else:  # z is one array
-            mass = jnp.broadcast_to(mass, shapes).ravel()
-        self._mass = jnp.asarray(mass, flat_z.dtype)
-
-    def _check_probe(self, probe, one_z):
-        if probe.noise_cov is None:
-            if self._gradient_fn is not None:
-                raise ValueError(
-                    "NOGIN needs the covariance of the gradient noise: gradient_fn "
-                    "must return GradientEstimate(z_grad, noise_cov=...) in the form "
-                    f"covariance={self._covariance!r} names (zeros for exact "
-                    "gradients)."
-                )
-            return
-        d = ravel_pytree(one_z)[0].shape[0]
-        try:
-            jax.eval_shape(
-                partial(nogin_damp, covariance=self._covariance),
-                jax.ShapeDtypeStruct((d,), jnp.result_type(float)),
-                probe.noise_cov,
-                1.0,
-                0.5,
-            )
-        except ValueError as err:
-            raise ValueError(f"The gradient estimate's noise_cov: {err}") from None
-
-    # Exact for a Gaussian target with Gaussian noise whatever h < 2 in units of
-    # the posterior sd (Matthews & Weare, Lemma 4.2); 0.5 in u keeps the
-    # second-order bias of non-Gaussian targets (their Theorem 4.1) small. The
-    # noise term's damping grows like h^2: the step is kept where it is <= 1
-    # (Section 4.3: beyond it the momentum is cancelled every step).
-    _STEP_TARGET = 0.5
-
-    def bias_law(self):
-        # The integrator samples a Gaussian's variances without a measurable
-        # bias: var - 1 = -0.002 +- 0.001 h on N(0, I) with exact gradients;
-        # median bulk ESS 0.42 h per step (benchmarks/bias_laws.py). The run's
-        # error estimate is then its Monte Carlo error.
-        return BiasLaw(0.0, 0.0, 1, 0.415, 1.0)
-
-    _SCALE_MAX = 1.0
-
-    def _step_allowed(self, state):
-        """The step target, lowered while the noise term's damping exceeds 1 (to
-        where it would be 1: it grows like h^2)."""
-        target = jnp.asarray(self._STEP_TARGET, jnp.result_type(float))
-        if state.step_size is None:  # the initial state
-            return target
-        damping = state.noise_damping
-        allowed = jnp.where(damping > 1.0, state.step_size / jnp.sqrt(damping), jnp.inf)
-        return jnp.minimum(target, allowed).astype(target.dtype)
-
-    def _family(self):
-        """NOGIN's A-B-O-B-A as the core's family (:class:`core.Family`): on the
-        flat position (u with a preconditioner, where M = I), its force estimated
-        at the half step through ``estimate_fn``; the state keeps the momentum
-        ``p`` and no gradient."""
-        return core.Family(
-            init=nogin_init,
-            step=_nogin_family_step,
-            state_type=NOGINState,
-            statistics=("noise_damping",),
-            variant="vanilla",
-            init_kwargs={
-                "mass": self._mass,
-                "inverse_temperature": self._inverse_temperature,
-            },
-            step_kwargs={
-                "friction": self._friction,
-                "covariance": self._covariance,
-                "mass": self._mass,
-                "inverse_temperature": self._inverse_temperature,
-            },
-            beta=0.1,
-            init_noise_sd=None,
-            noise_diffusion=None,
-            exact_nan_allowed=self._gradient_fn is not None,
-            keeps_gradient=False,
-            independent_noise=self._independent_noise(),
-            rows_first=True,
-            mean_noise_sd=partial(_nogin_mean_noise_sd, self._covariance),
-            flat=True,
-            split_init_key=_three_keys,
-            in_scale=_nogin_in_scale,
-            rescale=_nogin_rescale,
-            state_of=_nogin_state_of,
-            aux_of=_nogin_aux_of,
-            checked=("noise_damping",),
-        )
-
-    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
-        state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
-        if monitoring.mode() != monitoring.switch.AFTER:
-            return state
-        dtype = jnp.result_type(state.noise_damping)
-        return state._replace(
-            stall_damping=jnp.full(jnp.shape(state.i), jnp.nan, dtype),
-            sampling_damping=jnp.zeros(jnp.shape(state.i), dtype),
-        )
-
-    def sample(self, state, model_args, model_kwargs):
-        # The stall check's record stays out of the step, as the trace does.
-        kept, mean = state.stall_damping, state.sampling_damping
-        new_state = super().sample(
-            state._replace(stall_damping=None, sampling_damping=None),
-            model_args,
-            model_kwargs,
-        )
-        check_at = max(self._num_warmup, _STALL_CHECK_ITERATION)
-        crossed = (state.i < check_at) & (new_state.i >= check_at)
-        if monitoring.mode() != monitoring.switch.PER_STEP:
-            if kept is not None and monitoring.enabled():
-                kept = jnp.where(crossed, new_state.noise_damping, kept)
-                # The running mean over the samples after warmup.
-                t = (new_state.i - self._num_warmup) // self._num_steps
-                step = (new_state.noise_damping - mean) / jnp.maximum(t, 1)
-                mean = jnp.where(t >= 1, mean + step, mean).astype(mean.dtype)
-            return new_state._replace(stall_damping=kept, sampling_damping=mean)
-        stalled = jnp.any(crossed & (new_state.noise_damping > _STALL_DAMPING))
-        return new_state._replace(
-            stall_damping=kept,
-            i=monitoring.call_host(
-                stalled, self._warn_stall, new_state.i, new_state.noise_damping
-            ),
-        )
-
-    def _warn_stall(self, i, damping):
-        self._monitor.record_warning("stall")
-        _warn_stall(i, damping)
-
-    def _recorded_checks(self, state, take):
-        """The stall check after the run: ``stall_damping`` above 1 in some
-        chain warns, at the iteration the live check would; and the noise
-        check: ``sampling_damping`` above :data:`_NOISE_BIAS_DAMPING` in some
-        chain warns at the run's end, where the stall check did not and the
-        covariance comes from the force's own minibatch."""
-        found = []
-        k = self._num_steps
-        damping = take(state.stall_damping)
-        if damping is not None and np.any(damping > _STALL_DAMPING):
-            at = k * -(-max(self._num_warmup, _STALL_CHECK_ITERATION) // k)
-            found.append(
-                (at, "stall", partial(self._warn_stall, at, np.nanmax(damping)))
-            )
-        mean = take(state.sampling_damping)
-        # A stalled run says more already; under monitoring.per_step the
-        # field is not kept, and this check is not made; a gradient_fn's
-        # covariance need not be estimated from its force's own draws.
-        own = self._model is not None and not self._independent_noise()
-        noisy = mean is not None and np.any(mean > _NOISE_BIAS_DAMPING)
-        if not found and own and noisy:
-            at = int(np.max(take(state.i)))
-            found.append((at, "noise", partial(self._warn_noise, float(np.max(mean)))))
-        return found
-
-    def _independent_noise(self):
-        """Whether the noise covariance comes from a second minibatch
-        (``noise_estimate``, resolved once the gradient estimator is)."""
-        if self._model is None or self._noise_estimate == "same":
-            return False
-        return self._noise_estimate == "independent" or self._gradient == "minibatch"
-
-    def _warn_noise(self, damping):
-        self._monitor.record_warning("noise")
-        gradient = "plain minibatches" if self._gradient == "minibatch" else None
-        why = f" (the gradient is estimated on {gradient})" if gradient else ""
-        warnings.warn(
-            f"NOGIN: the O-step damped the momentum by {damping:.2g} on average "
-            f"over the sampling draws{why}. It damps by each minibatch's own "
-            "estimate of the gradient noise, which moves with the force's own "
-            "error where the per-datum gradients are skewed: at this noise level "
-            "the means can be off by a posterior sd or more (benchmarks/"
-            "local_sites.py). Pass noise_estimate='independent' (the covariance "
-            "from a second minibatch), a larger subsample_size (the noise "
-            "variance falls like 1/n), or use SGLD.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-
-    def _diagnostic_parts(self, state):
-        return [
-            f"noise_damping {float(np.max(state.noise_damping)):.3g}",
-        ]
+    spec = NOGIN_SPEC

@@ -1,10 +1,9 @@
-"""SGBD and SGLD: the position-only families (Barker and Langevin moves)
-on the adapter."""
+"""SGBD and SGLD: the position-only families (Barker and Langevin moves)."""
 
 from numpyro_sgbd import core
 from numpyro_sgbd.discretisation import BiasLaw
-from numpyro_sgbd.family_kernel import _FamilyKernel
-from numpyro_sgbd.kernel import SGState
+from numpyro_sgbd.kernel import SGKernel, SGState
+from numpyro_sgbd.spec import SamplerSpec
 from numpyro_sgbd.updates import (
     BARKER_TOLERANCE,
     VARIANTS,
@@ -17,7 +16,92 @@ from numpyro_sgbd.updates.position import (
 )
 
 
-class SGBD(_FamilyKernel):
+def _check_increment(args):
+    if args["increment"] not in INCREMENTS:
+        raise ValueError(
+            f"increment must be one of {INCREMENTS}, got {args['increment']!r}."
+        )
+    return {"increment": args["increment"]}
+
+
+def _barker_bound(largest):
+    # The increment |w| stays below 1.3 sigma with the bimodal law (N(sigma,
+    # (0.1 sigma)^2)), so tau sigma < 1.702 / 1.3 keeps every move inside the
+    # corrected rule's tolerance |w| < 1.702 / tau (SGBD paper, eq. 8).
+    return BARKER_TOLERANCE / 1.3 / largest
+
+
+def _langevin_bound(largest):
+    # The corrected noise variance sigma^2 - tau^2 sigma^4 / 4 is positive while
+    # tau sigma < 2; the bound keeps a fifth of that margin.
+    return 1.6 / largest
+
+
+SGBD_SPEC = SamplerSpec(
+    name="SGBD",
+    init=position_init,
+    step=core.gradient_at_end(barker_update),
+    state_type=SGState,
+    hyperparameters={"increment": "bimodal"},
+    check=_check_increment,
+    variants=VARIANTS,
+    noise_step_bound=_barker_bound,
+    # In u (unit posterior scale) a Barker step of 0.5 gave xi 0.016 and a
+    # mean bias of 0.04 sd on a 26,000-row logistic regression (issue 17); the
+    # coordinates of a product target move independently, so it does not
+    # shrink with d.
+    step_target=0.5,
+    # Sampling at 0.35 in u. Unadjusted Barker on a standard normal has
+    # variance about 1 + 0.66 sigma^2 (simulated: 1.16 at 0.5, 1.08 at 0.35,
+    # 1.04 at 0.25), so its sds come out 7 %, 4 % and 2 % wide. At 0.5 the
+    # default's xi was 0.059 on average over 50 seeds of ISLR Default (3,000 +
+    # 30,000 steps, Monte Carlo floor 0.02); at 0.35 0.027-0.039 on average
+    # over 8 seeds of each adaptation-accuracy problem. At 0.25 the bias falls
+    # to about 2 % but the ESS halves, and at 30,000 draws the run-end checks
+    # then warned on 4 of 24 runs (three R-hats just above 1.01, one drift)
+    # where 0.35 warned on 1 (benchmarks/step_targets.py --fractions,
+    # results.md). Warmup stays at 0.5: with a smaller step throughout, the
+    # scale windows saw too little of a posterior wider than its Laplace
+    # approximation (spike-and-slab: s 1.3 and 2.8 where 3.7 is right).
+    sampling_fraction=0.7,
+    # Barker's bounded moves are robust to the step: the scales are unbounded.
+    scale_max=None,
+    # Under MCMC the sampling step serves the run's length instead (the
+    # smaller of warmup's and discretisation.run_step's), from this law: on
+    # N(0, I) in d = 100 (benchmarks/bias_laws.py, results.md "Issue 60"),
+    # var - 1 = 0.26 h^2 with exact gradients, plus 0.20 (vanilla) or 0.04
+    # (corrected) times (tau h)^2 with Gaussian gradient noise of sd tau, and a
+    # median bulk ESS of 0.25 h^2 per step.
+    bias_laws={
+        "vanilla": BiasLaw(0.258, 0.203, 2, 0.248, 2.0),
+        "corrected": BiasLaw(0.255, 0.040, 2, 0.248, 2.0),
+    },
+    # Measured with the bimodal increment only.
+    bias_law_at={"increment": "bimodal"},
+)
+
+SGLD_SPEC = SamplerSpec(
+    name="SGLD",
+    init=position_init,
+    step=core.gradient_at_end(langevin_update),
+    state_type=SGState,
+    variants=VARIANTS,
+    noise_step_bound=_langevin_bound,
+    # Unadjusted Langevin on a standard normal has variance 1 / (1 - sigma^2 /
+    # 4): sigma = 0.4 overstates the sd by 2 %, 0.5 by 3 % (xi 0.023 measured
+    # on the 26,000-row regression of issue 17).
+    step_target=0.4,
+    # var - 1 = 0.30 h^2 (1/4 for small h) with exact gradients; Gaussian noise
+    # adds 0.28 (tau h)^2 (vanilla) and nothing measurable once the corrected
+    # variant subtracts it; median bulk ESS 0.28 h^2 per step (bias_laws.py).
+    bias_laws={
+        "vanilla": BiasLaw(0.308, 0.277, 2, 0.282, 2.0),
+        "corrected": BiasLaw(0.298, 0.002, 2, 0.282, 2.0),
+    },
+)
+
+
+class SGBD(SGKernel):
     r"""Stochastic gradient Barker dynamics (Mauri & Zanella, 2024).
 
     Each coordinate :math:`j` draws an increment :math:`w_j` of scale
@@ -144,70 +228,10 @@ class SGBD(_FamilyKernel):
     True
     """
 
-    def __init__(
-        self,
-        *sources,
-        step_size=None,
-        variant=None,
-        increment="bimodal",
-        **options,
-    ):
-        if increment not in INCREMENTS:
-            raise ValueError(
-                f"increment must be one of {INCREMENTS}, got {increment!r}."
-            )
-        super().__init__(
-            *sources,
-            step_size=step_size,
-            variant=variant,
-            **options,
-        )
-        self._hyperparameters = {"increment": increment}
-
-    _state_type = SGState
-    _family_init = staticmethod(position_init)
-    _family_step = staticmethod(core.gradient_at_end(barker_update))
-    _VARIANTS = VARIANTS
-    _SCALE_MAX = None
-
-    # In u (unit posterior scale) a Barker step of 0.5 gave xi 0.016 and a mean
-    # bias of 0.04 sd on a 26,000-row logistic regression (issue 17); the
-    # coordinates of a product target move independently, so it does not
-    # shrink with d. The increment |w| stays below 1.3 sigma with the bimodal law
-    # (N(sigma, (0.1 sigma)^2)), so tau sigma < 1.702 / 1.3 keeps every move inside
-    # the corrected rule's tolerance |w| < 1.702 / tau (SGBD paper, eq. 8).
-    _STEP_TARGET = 0.5
-    # Sampling at 0.35 in u. Unadjusted Barker on a standard normal has variance
-    # about 1 + 0.66 sigma^2 (simulated: 1.16 at 0.5, 1.08 at 0.35, 1.04 at 0.25),
-    # so its sds come out 7 %, 4 % and 2 % wide. At 0.5 the default's xi was 0.059
-    # on average over 50 seeds of ISLR Default (3,000 + 30,000 steps, Monte Carlo
-    # floor 0.02); at 0.35 0.027-0.039 on average over 8 seeds of each
-    # adaptation-accuracy problem. At 0.25 the bias falls to about 2 % but the ESS
-    # halves, and at 30,000 draws the run-end checks then warned on 4 of 24 runs
-    # (three R-hats just above 1.01, one drift) where 0.35 warned on 1
-    # (benchmarks/step_targets.py --fractions, results.md). Warmup stays at 0.5:
-    # with a smaller step throughout, the scale windows saw too little of a
-    # posterior wider than its Laplace approximation (spike-and-slab: s 1.3 and
-    # 2.8 where 3.7 is right).
-    _SAMPLING_FRACTION = 0.7
-    # Under MCMC the sampling step serves the run's length instead (the smaller
-    # of warmup's and discretisation.run_step's), from this law: on N(0, I) in
-    # d = 100 (benchmarks/bias_laws.py, results.md "Issue 60"), var - 1 =
-    # 0.26 h^2 with exact gradients, plus 0.20 (vanilla) or 0.04 (corrected)
-    # times (tau h)^2 with Gaussian gradient noise of sd tau, and a median
-    # bulk ESS of 0.25 h^2 per step.
-    _BIAS_LAWS = {
-        "vanilla": BiasLaw(0.258, 0.203, 2, 0.248, 2.0),
-        "corrected": BiasLaw(0.255, 0.040, 2, 0.248, 2.0),
-    }
-    # Measured with the bimodal increment only.
-    _BIAS_LAW_AT = {"increment": "bimodal"}
-
-    def _noise_step_bound(self, largest):
-        return BARKER_TOLERANCE / 1.3 / largest
+    spec = SGBD_SPEC
 
 
-class SGLD(_FamilyKernel):
+class SGLD(SGKernel):
     r"""Stochastic gradient Langevin dynamics (Welling & Teh, 2011).
 
     .. math::
@@ -248,37 +272,4 @@ class SGLD(_FamilyKernel):
     True
     """
 
-    # Unadjusted Langevin on a standard normal has variance 1 / (1 - sigma^2 / 4):
-    # sigma = 0.4 overstates the sd by 2 %, 0.5 by 3 % (xi 0.023 measured on the
-    # 26,000-row regression of issue 17). The corrected noise variance
-    # sigma^2 - tau^2 sigma^4 / 4 is positive while tau sigma < 2; the cap keeps
-    # a fifth of that margin.
-    _STEP_TARGET = 0.4
-    # var - 1 = 0.30 h^2 (1/4 for small h) with exact gradients; Gaussian noise
-    # adds 0.28 (tau h)^2 (vanilla) and nothing measurable once the corrected
-    # variant subtracts it; median bulk ESS 0.28 h^2 per step (bias_laws.py).
-    _BIAS_LAWS = {
-        "vanilla": BiasLaw(0.308, 0.277, 2, 0.282, 2.0),
-        "corrected": BiasLaw(0.298, 0.002, 2, 0.282, 2.0),
-    }
-    _state_type = SGState
-    _family_init = staticmethod(position_init)
-    _family_step = staticmethod(core.gradient_at_end(langevin_update))
-    _VARIANTS = VARIANTS
-
-    def __init__(
-        self,
-        *sources,
-        step_size=None,
-        variant=None,
-        **options,
-    ):
-        super().__init__(
-            *sources,
-            step_size=step_size,
-            variant=variant,
-            **options,
-        )
-
-    def _noise_step_bound(self, largest):
-        return 1.6 / largest
+    spec = SGLD_SPEC

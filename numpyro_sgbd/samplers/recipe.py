@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_sgbd import core
-from numpyro_sgbd.family_kernel import _FamilyKernel
-from numpyro_sgbd.kernel import family_state
+from numpyro_sgbd.kernel import SGKernel, family_state
 from numpyro_sgbd.prepare import has_tracer
+from numpyro_sgbd.spec import REQUIRED, SamplerSpec, per_site
 from numpyro_sgbd.updates.position import (
     PositionInfo,
     PositionState,
@@ -24,10 +24,6 @@ RecipeKernelState = family_state("RecipeKernelState", module=__name__)
 RecipeKernelState.__doc__ = """State of :class:`Recipe` and :class:`SGRLD`: the
 fields of :class:`~numpyro_sgbd.SGState`, ``tolerance_exceeded`` being the fraction
 of eigenvalues of :math:`2D - \\epsilon\\hat B` clipped at 0."""
-
-
-def _unit_diffusion(x):
-    return jnp.ones_like(x)
 
 
 def _recipe_family(rng_key, aux, z_grad, step_size, *, variant, noise_sd, **kw):
@@ -64,7 +60,129 @@ def _recipe_momentum_family(
     return _PositionMomentum(z, p), PositionInfo(info.noise_clipped)
 
 
-class Recipe(_FamilyKernel):
+def _check_epsilon(name, step_size):
+    check_step_size(step_size, "a positive float (epsilon)")
+    if step_size is None or isinstance(step_size, dict) or np.ndim(step_size):
+        raise ValueError(
+            f"{name} needs step_size, a positive scalar epsilon "
+            f"(got {step_size!r}): a position-dependent D has no whitened "
+            "coordinates to adapt a step in."
+        )
+
+
+def _check_recipe_args(args):
+    """The recipe's D and Q (functions of the flat position) and its step."""
+    _check_epsilon("Recipe", args["step_size"])
+    diffusion, curl = args["diffusion"], args["curl"]
+    if not callable(diffusion):
+        raise ValueError(
+            "diffusion must be a function x -> D(x) of the flat unconstrained "
+            "position, returning a (d,) vector or a (d, d) matrix; got "
+            f"{type(diffusion).__name__}."
+        )
+    if curl is not None and not callable(curl):
+        raise ValueError(
+            "curl must be None or a function x -> Q(x) returning a (d, d) "
+            f"skew-symmetric matrix; got {type(curl).__name__}."
+        )
+    if not isinstance(args["momentum"], (bool, np.bool_)):
+        raise ValueError(f"momentum must be True or False, got {args['momentum']!r}.")
+    return {"diffusion": diffusion, "curl": curl}
+
+
+def _recipe_family_of(args):
+    """The recipe on z, or with ``momentum`` on (z, p)."""
+    if args.get("momentum"):
+        return _position_momentum, core.gradient_at_end(_recipe_momentum_family)
+    return position_init, core.gradient_at_end(_recipe_family)
+
+
+def _resolve_recipe(hyper, shapes, one_z, preconditioned, args):
+    """D and Q checked at the start (with momentum, on (z, p))."""
+    resolved = per_site(hyper, shapes, one_z, preconditioned, args)
+    x = ravel_pytree(one_z)[0]
+    if args.get("momentum"):
+        x = jnp.concatenate([x, jnp.zeros_like(x)])
+    if not has_tracer(x):  # under pmap the start is abstract: checked there
+        check_recipe(resolved["diffusion"], resolved["curl"], x)
+    return resolved
+
+
+def _check_metric(args):
+    """SGRLD's inverse metric, a function of z or a dict of per-site ones."""
+    _check_epsilon("SGRLD", args["step_size"])
+    inverse_metric = args["inverse_metric"]
+    if isinstance(inverse_metric, dict):
+        bad = [k for k, f in inverse_metric.items() if not callable(f)]
+        if bad:
+            raise ValueError(
+                f"inverse_metric[{bad[0]!r}] must be a function of the site's "
+                "unconstrained value returning positive values of its shape."
+            )
+    elif not callable(inverse_metric):
+        raise ValueError(
+            "inverse_metric must be a function of the unconstrained z (or a "
+            "dict {site: function}) returning positive values of z's "
+            f"structure; got {type(inverse_metric).__name__}."
+        )
+    return {"inverse_metric": inverse_metric}
+
+
+def _resolve_metric(hyper, shapes, one_z, preconditioned, args):
+    """SGRLD's D(x) on the flat position, from the inverse metric over z's
+    structure (1 on the sites a dict does not name)."""
+    unravel = ravel_pytree(one_z)[1]
+    metric = hyper["inverse_metric"]
+    if isinstance(metric, dict):
+        if not isinstance(one_z, dict) or set(metric) - set(one_z):
+            raise ValueError(
+                f"inverse_metric names sites {sorted(metric)}, but the latent "
+                f"sites are {sorted(one_z) if isinstance(one_z, dict) else '-'}."
+            )
+        sites = metric
+
+        def metric(z):  # noqa: F811 - the per-site functions, 1 elsewhere
+            return {
+                k: sites[k](v) if k in sites else jnp.ones_like(v) for k, v in z.items()
+            }
+
+    def diffusion(x):
+        return ravel_pytree(metric(unravel(x)))[0]
+
+    return _resolve_recipe(
+        {"diffusion": diffusion, "curl": None}, shapes, one_z, preconditioned, args
+    )
+
+
+RECIPE_SPEC = SamplerSpec(
+    name="Recipe",
+    init=position_init,
+    step=core.gradient_at_end(_recipe_family),
+    state_type=RecipeKernelState,
+    hyperparameters={"diffusion": REQUIRED, "curl": None, "momentum": False},
+    defaults={"step_size": REQUIRED, "variant": "vanilla"},
+    not_taken=("adapt_mass_matrix",),
+    fixed={"preconditioner": "none"},
+    check=_check_recipe_args,
+    family=_recipe_family_of,
+    resolve=_resolve_recipe,
+)
+
+SGRLD_SPEC = SamplerSpec(
+    name="SGRLD",
+    init=position_init,
+    step=core.gradient_at_end(_recipe_family),
+    state_type=RecipeKernelState,
+    hyperparameters={"inverse_metric": REQUIRED},
+    defaults={"step_size": REQUIRED},
+    not_taken=("adapt_mass_matrix", "beta", "init_noise_sd"),
+    fixed={"preconditioner": "none", "variant": "vanilla"},
+    check=_check_metric,
+    resolve=_resolve_metric,
+)
+
+
+class Recipe(SGKernel):
     r"""Any sampler of the complete recipe (Ma, Chen & Fox, 2015): a diffusion
     matrix :math:`D(z)` and a curl matrix :math:`Q(z)` define
 
@@ -127,65 +245,10 @@ class Recipe(_FamilyKernel):
     True
     """
 
-    _NOT_TAKEN = ("preconditioner", "adapt_mass_matrix")
-
-    _state_type = RecipeKernelState
-    _family_init = staticmethod(position_init)
-    _family_step = staticmethod(core.gradient_at_end(_recipe_family))
-
-    def __init__(
-        self,
-        *sources,
-        step_size,
-        diffusion,
-        curl=None,
-        momentum=False,
-        variant="vanilla",
-        **options,
-    ):
-        check_step_size(step_size, "a positive float (epsilon)")
-        if step_size is None or isinstance(step_size, dict) or np.ndim(step_size):
-            raise ValueError(
-                f"{type(self).__name__} needs step_size, a positive scalar epsilon "
-                f"(got {step_size!r}): a position-dependent D has no whitened "
-                "coordinates to adapt a step in."
-            )
-        if not callable(diffusion):
-            raise ValueError(
-                "diffusion must be a function x -> D(x) of the flat unconstrained "
-                "position, returning a (d,) vector or a (d, d) matrix; got "
-                f"{type(diffusion).__name__}."
-            )
-        if curl is not None and not callable(curl):
-            raise ValueError(
-                "curl must be None or a function x -> Q(x) returning a (d, d) "
-                f"skew-symmetric matrix; got {type(curl).__name__}."
-            )
-        super().__init__(
-            *sources,
-            step_size=step_size,
-            variant=variant,
-            preconditioner="none",
-            **options,
-        )
-        if not isinstance(momentum, (bool, np.bool_)):
-            raise ValueError(f"momentum must be True or False, got {momentum!r}.")
-        self._momentum = bool(momentum)
-        if self._momentum:  # the family on (z, p)
-            self._family_init = _position_momentum
-            self._family_step = core.gradient_at_end(_recipe_momentum_family)
-        self._hyperparameters = {"diffusion": diffusion, "curl": curl}
-
-    def _prepare(self, shapes, one_z):
-        super()._prepare(shapes, one_z)
-        x = ravel_pytree(one_z)[0]
-        if self._momentum:
-            x = jnp.concatenate([x, jnp.zeros_like(x)])
-        if not has_tracer(x):  # under pmap the start is abstract: checked there
-            check_recipe(self._step_kwargs["diffusion"], self._step_kwargs["curl"], x)
+    spec = RECIPE_SPEC
 
 
-class SGRLD(Recipe):
+class SGRLD(SGKernel):
     r"""Stochastic gradient Riemannian Langevin dynamics (Patterson & Teh, 2013):
     the recipe with a position-dependent diagonal :math:`D(z) = G(z)^{-1}`, the
     inverse of a metric, :math:`Q = 0` and :math:`\hat B = 0` (Ma, Chen & Fox,
@@ -226,71 +289,4 @@ class SGRLD(Recipe):
        gradient MCMC.* NIPS. Eq. (14).
     """
 
-    _NOT_TAKEN = (
-        "preconditioner",
-        "adapt_mass_matrix",
-        "beta",
-        "init_noise_sd",
-        "diffusion",
-        "curl",
-        "momentum",
-        "variant",
-    )
-
-    def __init__(
-        self,
-        *sources,
-        step_size,
-        inverse_metric,
-        **options,
-    ):
-        if isinstance(inverse_metric, dict):
-            bad = [k for k, f in inverse_metric.items() if not callable(f)]
-            if bad:
-                raise ValueError(
-                    f"inverse_metric[{bad[0]!r}] must be a function of the site's "
-                    "unconstrained value returning positive values of its shape."
-                )
-        elif not callable(inverse_metric):
-            raise ValueError(
-                "inverse_metric must be a function of the unconstrained z (or a "
-                "dict {site: function}) returning positive values of z's "
-                f"structure; got {type(inverse_metric).__name__}."
-            )
-        self._inverse_metric = inverse_metric
-        super().__init__(
-            *sources,
-            step_size=step_size,
-            # Replaced in `_prepare`, once z's structure is known.
-            diffusion=_unit_diffusion,
-            **options,
-        )
-
-    def _prepare(self, shapes, one_z):
-        unravel = ravel_pytree(one_z)[1]
-        metric = self._inverse_metric
-        if isinstance(metric, dict):
-            if not isinstance(one_z, dict) or set(metric) - set(one_z):
-                raise ValueError(
-                    f"inverse_metric names sites {sorted(metric)}, but the latent "
-                    f"sites are {sorted(one_z) if isinstance(one_z, dict) else '-'}."
-                )
-            sites = metric
-
-            def metric(z):  # noqa: F811 - the per-site functions, 1 elsewhere
-                return {
-                    k: sites[k](v) if k in sites else jnp.ones_like(v)
-                    for k, v in z.items()
-                }
-
-        def diffusion(x):
-            return ravel_pytree(metric(unravel(x)))[0]
-
-        self._hyperparameters = {"diffusion": diffusion, "curl": None}
-        super()._prepare(shapes, one_z)
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        # The flat diffusion closes over z's structure: rebuilt by `init`.
-        state["_hyperparameters"] = {"diffusion": _unit_diffusion, "curl": None}
-        return state
+    spec = SGRLD_SPEC

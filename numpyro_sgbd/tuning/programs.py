@@ -28,8 +28,7 @@ from jax import lax, random
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 
-from numpyro_sgbd.estimators import ControlVariateEstimator, with_setup
-from numpyro_sgbd.state import SetupArrays
+from numpyro_sgbd.estimators import with_setup
 from numpyro_sgbd.tuning.sizes import SizedEstimator
 from numpyro_sgbd.validation import warmup_elsewhere
 
@@ -50,17 +49,15 @@ def prepare_kernel(kernel, problem, z):
     estimator, hyperparameters and variant are set, and nothing is compiled
     for a start. ``z``: a position by site, or ``None`` (the set-up alone).
 
-    The two steps of ``init`` that do this (the model's trace and the
-    estimator, then the hyperparameters against z's shapes) are the kernel's
-    own methods; where a kernel lacks them, its ``init`` is traced abstractly
-    instead (the same result, but the model's trace then runs under
+    The kernel's :meth:`~numpyro_sgbd.kernel.SGKernel.prepare` does this (the
+    model's trace and the estimator, then the hyperparameters against z's
+    shapes); where a kernel lacks it, its ``init`` is traced abstractly instead
+    (the same result, but the model's trace then runs under
     ``jax.ensure_compile_time_eval``, where each of its operations compiles
     anew: about 1.5 s of the first kernel on a CPU)."""
     model_args, model_kwargs = problem.model_args, problem.model_kwargs
-    if hasattr(kernel, "_build") and hasattr(kernel, "_prepare"):
-        kernel._build(model_args, model_kwargs)
-        if z is not None:
-            kernel._prepare(kernel._shapes_of(z), z)
+    if hasattr(kernel, "pure_pair"):
+        kernel.prepare(model_args, model_kwargs, z)
         return kernel
 
     def init(rng_key):
@@ -74,11 +71,7 @@ def prepare_kernel(kernel, problem, z):
 def setup_values(kernel, pre):
     """The :class:`~numpyro_sgbd.state.SetupArrays` a chain of ``kernel``
     carries: the shared preconditioner and the control variates' centre."""
-    est, centre = kernel.estimator, None
-    if isinstance(est, ControlVariateEstimator) and est.centre is not None:
-        centre = (est.centre, est.centre_potential, est.centre_grad)
-        centre = jax.tree.map(jnp.asarray, centre)
-    return SetupArrays(pre, centre)
+    return kernel.prepared.setup_arrays(pre)
 
 
 def pure_pair(kernel, values, estimator=None):
@@ -86,7 +79,7 @@ def pure_pair(kernel, values, estimator=None):
     set-up read from ``values``: the kernel's own
     (:func:`~numpyro_sgbd.core.build_kernel` over its family and adaptation),
     with ``estimator`` in place of the kernel's estimator where given."""
-    return kernel._kernel_fns(values, estimator)
+    return kernel.pure_pair(values, estimator)
 
 
 def _estimator(kernel, values, sized, rows):
