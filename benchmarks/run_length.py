@@ -50,9 +50,8 @@ SAMPLERS = {"SGBD": SGBD, "SGLD": SGLD, "NOGIN": NOGIN, "SGHMC": SGHMC, "SGNHT":
 def fixed_fraction(sampler):
     """``sampler`` sampling at its fixed fraction of warmup's step (the rule
     before issue 60)."""
-    return type(
-        f"{sampler.__name__}Before", (sampler,), {"bias_law": lambda self: None}
-    )
+    spec = sampler.spec._replace(bias_laws={})
+    return type(f"{sampler.__name__}Before", (sampler,), {"spec": spec})
 
 
 def main(argv=None):

@@ -20,17 +20,11 @@ from numpyro_sgbd.host import host_data  # noqa: E402
 from numpyro_sgbd.kernel import Centre, SGState  # noqa: E402
 from numpyro_sgbd.mode import PosteriorMode, posterior_mode  # noqa: E402
 from numpyro_sgbd.monitoring import ConvergenceWarning, check  # noqa: E402
-from numpyro_sgbd.samplers import (  # noqa: E402
-    BAOAB,
-    NOGIN,
-    SGBD,
-    SGHMC,
-    SGLD,
-    SGNHT,
-    SGRLD,
-    NOGINState,
-    Recipe,
-)
+from numpyro_sgbd.samplers import PUBLIC as _SAMPLERS  # noqa: E402
+from numpyro_sgbd.samplers.momentum import *  # noqa: E402
+from numpyro_sgbd.samplers.nogin import *  # noqa: E402
+from numpyro_sgbd.samplers.position import *  # noqa: E402
+from numpyro_sgbd.samplers.recipe import *  # noqa: E402
 from numpyro_sgbd.sharding import shard_data  # noqa: E402
 from numpyro_sgbd.tuning import TuneResult, tune  # noqa: E402
 
@@ -69,15 +63,7 @@ def __dir__():
 # (numpyro_sgbd._threefry) runs only when a program calls it.
 
 __all__ = [
-    "BAOAB",
-    "NOGIN",
-    "NOGINState",
-    "SGBD",
-    "SGLD",
-    "SGHMC",
-    "SGNHT",
-    "SGRLD",
-    "Recipe",
+    *_SAMPLERS,
     "GradientEstimate",
     "SGState",
     "Centre",

@@ -45,6 +45,22 @@ class RunFacts(NamedTuple):
     local: bool = False
 
 
+def run_facts(kernel):
+    """What ``kernel``'s run was set up with
+    (:class:`~numpyro_sgbd.kernel.SGKernel`, after ``init``)."""
+    prepared, config = kernel.prepared, kernel.config
+    plates = {k: v[:2] for k, v in (prepared.plates or {}).items()}
+    return RunFacts(
+        sampler=type(kernel).__name__,
+        gradient=None if prepared.model is None else config.gradient,
+        adaptive=config.args["step_size"] is None,
+        plates=plates,
+        dim=sum(int(np.prod(s)) for s in prepared.draw_shapes.values()),
+        num_warmup=kernel.run_shape().num_warmup // kernel.num_steps,
+        local=bool(prepared.local),
+    )
+
+
 def _one_plate(facts):
     plates = facts.plates or {}
     return next(iter(plates.items())) if len(plates) == 1 else None

@@ -15,14 +15,12 @@ import logging
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import is_prng_key
 
-from numpyro_sgbd import advice, core
+from numpyro_sgbd import core
 from numpyro_sgbd import spec as specs
-from numpyro_sgbd.estimators import Centre, with_setup
-from numpyro_sgbd.local_sites import local_update
+from numpyro_sgbd.estimators import Centre
 from numpyro_sgbd.monitoring import Monitor, driving_mcmc, mode, wall_time
 from numpyro_sgbd.monitoring.checks import on_progress
 from numpyro_sgbd.monitoring.run import (
@@ -31,16 +29,13 @@ from numpyro_sgbd.monitoring.run import (
     check_closed_over,
     start_trace,
 )
-from numpyro_sgbd.prepare import (
-    Programs,
-    eager_if_traced,
-    has_tracer,
-)
+from numpyro_sgbd.prepare import eager_if_traced, has_tracer
 from numpyro_sgbd.prepared_model import PreparedModel
 from numpyro_sgbd.sampler_config import SamplerConfig
-from numpyro_sgbd.setup import Setup, dimension
+from numpyro_sgbd.setup import Setup
 from numpyro_sgbd.sharding import check_untransformed
 from numpyro_sgbd.state import SGState, family_state
+from numpyro_sgbd.step_programs import StepPrograms
 from numpyro_sgbd.validation import warn_unadapted
 
 __all__ = ["Centre", "RunShape", "SGKernel", "SGState", "family_state", "wall_time"]
@@ -49,10 +44,10 @@ logger = logging.getLogger("numpyro_sgbd")
 
 
 class RunShape(NamedTuple):
-    """What a run's checks need of the kernel: warmup and SG steps per sample
-    (in SG steps), the given step (per site, or a scalar in u; ``None`` when
-    adapted), the gradient estimator's kind, whether the noise covariance comes from a
-    second minibatch, and whether the kernel runs a model."""
+    """What a run's checks need of the kernel: warmup (in SG steps) and SG
+    steps per sample, the given step (per site, or a scalar in u; ``None``
+    when adapted), the gradient estimator's kind, whether the noise covariance
+    comes from a second minibatch, and whether the kernel runs a model."""
 
     num_warmup: int
     num_steps: int
@@ -87,14 +82,10 @@ class SGKernel(Monitored, MCMCKernel):
         self._config = config = SamplerConfig(self.spec, sources, kwargs)
         request = config.request(type(self).__name__)
         self._prepared = PreparedModel(sources, request, config.args["init_strategy"])
-        # Set by `init`: the run's warmup and sampling steps (every chain's;
-        # `None` for a kernel driven by hand) and the step.
-        self._num_warmup, self._run_steps = 0, None
-        self._sample_impl, self._batched = None, False
+        self._steps = StepPrograms(config, self._prepared)
         # Whether the last `init` saw traced model arguments (inside the user's
         # jax.jit): its data-derived values must not outlive it (`_sample_fn`).
         self._traced_setup = False
-        self._programs = {"init": Programs(), "steps": Programs(False)}
         self._diagnostics = (0, "")
         self._monitor = Monitor()  # the host side of the run checks
 
@@ -104,23 +95,7 @@ class SGKernel(Monitored, MCMCKernel):
         ``values``, a chain's ``state.setup``; with ``estimator`` in place of the
         kernel's own where given (:func:`~numpyro_sgbd.tune`'s sized estimates).
         After :meth:`prepare`."""
-        prepared, config = self._prepared, self._config
-        if estimator is None:
-            estimator = with_setup(prepared.estimator, values)
-        adaptation = config.adaptation(
-            self._num_warmup, self._run_steps, values.preconditioner
-        )
-        return core.build_kernel(
-            config.family(),
-            estimator.estimate,
-            estimator.initial_centre,
-            adaptation,
-            bound=specs.step_bound(self.spec),
-            allowed=config.allowed(),
-            local=local_update(prepared.estimator, prepared.local, self._num_warmup)
-            if prepared.local
-            else None,
-        )
+        return self._steps.pure_pair(values, estimator)
 
     # --------------------------------------------------------- what users read
     @classmethod
@@ -173,7 +148,7 @@ class SGKernel(Monitored, MCMCKernel):
         model_args, model_kwargs) -> state`` of this kernel's chains (vectorized
         over their leading axis when ``init`` was given several), without the
         host-side checks of :meth:`sample`; ``None`` before ``init``."""
-        return self._sample_impl
+        return self._steps.sample_impl
 
     @property
     def config(self):
@@ -239,23 +214,10 @@ class SGKernel(Monitored, MCMCKernel):
 
     @property
     def model(self):
-        """The model as ``az.from_numpyro`` (through
-        :func:`numpyro.infer.util.log_likelihood`) and
-        :class:`~numpyro.infer.Predictive` read it: every subsample plate fixed to
-        the rows :attr:`log_likelihood_indices` gives, each enumerated site summed
-        out datum by datum, each local site read from the draws' row.
-
-        By default (``log_likelihood_size=None``) those are all N rows of a plate
-        of up to :data:`~numpyro_sgbd.prepare.LOG_LIKELIHOOD_ALL_ROWS` (50,000),
-        so ArviZ's ``log_likelihood`` and ``observed_data`` hold every row and
-        ``az.loo`` / ``az.waic`` estimate the elpd of all the data. ArviZ keeps 4
-        bytes per draw and row; above that size the rows are a fixed random
-        subset of that many, and reading this property warns (``az.loo`` then
-        estimates the elpd of the subset). ``log_likelihood_size`` sets the
-        number of rows (at least N: all of them); :func:`~numpyro_sgbd.from_numpyro`
-        evaluates every row in chunks. ``None`` for kernels built from
-        ``potential_fn`` or ``gradient_fn``.
-        """
+        """The model as ``az.from_numpyro`` and :class:`~numpyro.infer.Predictive`
+        read it: by default every row of each subsample plate up to 50,000 (see
+        :meth:`~numpyro_sgbd.prepared_model.PreparedModel.evaluated_model`);
+        ``None`` for kernels built from ``potential_fn`` or ``gradient_fn``."""
         return self._prepared.evaluated_model(type(self).__name__)
 
     # ------------------------------------------------------------ preparing
@@ -270,24 +232,6 @@ class SGKernel(Monitored, MCMCKernel):
             shapes = self._prepared.shapes_of(one_z)
             self._config.resolve(shapes, one_z, self.preconditioner is not None)
 
-    def _probe(self, one_z, model_args, model_kwargs):
-        """A user's potential_fn or gradient_fn: its estimate checked before
-        compiling (the model's own estimators give z's structure and the noise
-        form the kernel asked for by construction)."""
-        estimator = self._prepared.estimator
-
-        def probe_fn(rng_key, z):
-            centre = estimator.initial_centre(z, model_args, model_kwargs)
-            return estimator.estimate(rng_key, z, model_args, model_kwargs, centre)
-
-        probe = jax.eval_shape(probe_fn, jax.random.key(0), one_z)
-        if jax.tree.structure(probe.z_grad) != jax.tree.structure(one_z):
-            raise ValueError(
-                "The gradient estimate does not have the structure of z: "
-                f"{jax.tree.structure(probe.z_grad)} vs {jax.tree.structure(one_z)}."
-            )
-        self._config.check_probe(probe, one_z)
-
     def noise_bound(self, noise_sd, batch_ndim=0):
         """``(tau, value)`` for the corrected variant's bound ``step * tau^2 <= 2 *
         value`` (recipe paper, eq. 9): ``tau`` the largest noise sd of the
@@ -301,10 +245,6 @@ class SGKernel(Monitored, MCMCKernel):
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         self._monitor.start()
         model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
-        num_steps = self.num_steps
-        # In steps: `state.i` counts SG steps, num_steps of them per sample.
-        self._num_warmup = int(num_warmup) * num_steps
-        self._run_steps = run_steps(driving_mcmc(self), num_steps)
         check_untransformed(has_tracer(rng_key), (model_args, model_kwargs))
         self._traced_setup = has_tracer((model_args, model_kwargs))
         # Inside pmap or the user's jax.jit, what the kernel keeps on itself is
@@ -325,16 +265,16 @@ class SGKernel(Monitored, MCMCKernel):
             shapes = self._prepared.shapes_of(one_global)
             pre = self.preconditioner is not None
             self._config.resolve(shapes, one_global, pre)
-        self._batched = batched
         if self._prepared.model is None:
-            self._probe(one_z, model_args, model_kwargs)
-        init_one = self._cached_init(model_args, model_kwargs)
-        if batched:
-            state = jax.vmap(init_one)(rng_key, z)
-            self._sample_impl = jax.vmap(self._sample_one, in_axes=(0, None, None))
-        else:
-            state = init_one(rng_key, z)
-            self._sample_impl = self._sample_one
+            probe = self._prepared.probe(one_z, model_args, model_kwargs)
+            self._config.check_probe(probe, one_z)
+        # In steps: `state.i` counts SG steps, num_steps of them per sample.
+        k = self.num_steps
+        self._steps.start(
+            int(num_warmup) * k, run_steps(driving_mcmc(self), k), batched
+        )
+        init_one = self._steps.init_fn(model_args, model_kwargs)
+        state = jax.vmap(init_one)(rng_key, z) if batched else init_one(rng_key, z)
         state = start_trace(self, state, one_z)
         if self.spec.noise_diffusion is not None:
             self._config.check_initial_noise(state, type(self).__name__)
@@ -342,41 +282,13 @@ class SGKernel(Monitored, MCMCKernel):
             state = self.spec.run_checks.start(state, self.run_shape())
         return state
 
-    def _init_state(self, rng_key, z, model_args, model_kwargs, values):
-        state = self.pure_pair(values)[0](rng_key, z, model_args, model_kwargs)
-        return state._replace(setup=values)
-
-    def _sample_one(self, state, model_args, model_kwargs):
-        return self.pure_pair(state.setup)[1](state, model_args, model_kwargs)
-
-    def _cached_init(self, model_args, model_kwargs):
-        """The compiled initial-state function for these model arguments, with
-        the set-up's arrays among its arguments: kept for later data of the same
-        shapes."""
-
-        def make(rebuild):
-            def init_from_arrays(rng_key, z, arrays):
-                args, kwargs, values, _ = rebuild(arrays)
-                return self._init_state(rng_key, z, args, kwargs, values)
-
-            return init_from_arrays
-
-        values = self._prepared.setup_arrays(self.preconditioner)
-        # The adaptation's static values are part of the key: a refit with
-        # another warmup or run length traces again.
-        static = (self._num_warmup, self._run_steps)
-        fn, arrays = self._programs["init"].over_data(
-            make, model_args, model_kwargs, values, static
-        )
-        return lambda rng_key, z: fn(rng_key, z, arrays)
-
     @property
     def _sample_fn(self):
         """The step, or ``None`` when :meth:`init` must run (again) first. NumPyro's
         ``MCMC`` skips ``init`` when resuming from ``post_warmup_state`` unless this
         is ``None``: after a run inside the user's ``jax.jit`` the kernel's
         data-derived values belonged to that trace, so ``init`` runs again."""
-        return None if self._traced_setup else self._sample_impl
+        return None if self._traced_setup else self._steps.sample_impl
 
     def sample(self, state, model_args, model_kwargs):
         # Runs in Python when NumPyro traces its loop, at the start of each run.
@@ -393,49 +305,11 @@ class SGKernel(Monitored, MCMCKernel):
             state = state._replace(trace=None)
         kept = {} if checks is None else {k: getattr(state, k) for k in checks.fields}
         state = state._replace(**dict.fromkeys(kept))
-        new_state = self._steps_program(model_args, model_kwargs)(state)
+        new_state = self._steps.steps_fn(model_args, model_kwargs)(state)
         new_state = after_sample(self, state, new_state, trace)
         if checks is None:
             return new_state
         return checks.after(kept, state, new_state, self.run_shape(), self._warn)
-
-    def _steps_program(self, model_args, model_kwargs):
-        """One sample's steps as a ``jit`` of its own, kept per argument
-        structure, monitoring mode and chain layout: NumPyro traces its sampling
-        loop again on every run, and a kept ``jit`` is not traced again inside
-        it (a later fit's loop only lowers the step). The data are arguments and
-        the set-up is in the state, so the program is the same for any data of
-        these shapes."""
-
-        def make(rebuild):
-            recentre = None
-            if self._config.options.recentre_every is not None:
-                recentre = self._recentre
-            steps = core.repeat(self._sample_impl, self.num_steps, recentre)
-
-            def run(state, arrays):
-                args, kwargs, _ = rebuild(arrays)
-                return steps(state, args, kwargs)
-
-            return run
-
-        how = (mode(), self._batched, self._num_warmup, self._run_steps)
-        fn, arrays = self._programs["steps"].over_data(
-            make, model_args, model_kwargs, how
-        )
-        return lambda state: fn(state, arrays)
-
-    def _recentre(self, state, model_args, model_kwargs):
-        """The control variates' centre after this step (re-centring in warmup)."""
-        return self.estimator.recentre(
-            state.centre,
-            state.z,
-            state.i,
-            self._num_warmup,
-            model_args,
-            model_kwargs,
-            batched=self._batched,
-        )
 
     def postprocess_fn(self, model_args, model_kwargs):
         model_kwargs = {} if model_kwargs is None else model_kwargs
@@ -447,26 +321,12 @@ class SGKernel(Monitored, MCMCKernel):
     def run_shape(self):
         """What the run checks need of this kernel (:class:`RunShape`)."""
         return RunShape(
-            self._num_warmup,
+            self._steps.num_warmup,
             self.num_steps,
             self._config.step_size,
             self._config.gradient,
             self._config.independent_noise(),
             self._prepared.model is not None,
-        )
-
-    def run_facts(self):
-        """What this run was set up with, for :mod:`~numpyro_sgbd.advice`."""
-        prepared = self._prepared
-        plates = {k: v[:2] for k, v in (prepared.plates or {}).items()}
-        return advice.RunFacts(
-            sampler=type(self).__name__,
-            gradient=None if prepared.model is None else self._config.gradient,
-            adaptive=self._config.args["step_size"] is None,
-            plates=plates,
-            dim=dimension(prepared.draw_shapes),
-            num_warmup=self._num_warmup // self.num_steps,
-            local=bool(prepared.local),
         )
 
     def _warn(self, kind, *values):
@@ -492,22 +352,11 @@ class SGKernel(Monitored, MCMCKernel):
         # device sync, so refresh the text only every 100 steps.
         calls, text = self._diagnostics
         if calls % 100 == 0:
-            parts = [f"U_hat {float(state.potential_energy_estimate):.4g}"]
-            if getattr(state, "noise_sd", None) is not None:
-                parts.append(
-                    f"tau_hat {float(state.mean_noise_sd):.3g}, over tolerance "
-                    f"{100 * float(state.tolerance_exceeded):.0f}%"
-                )
-            for name in self._config.statistics:
-                parts.append(f"{name} {float(np.max(getattr(state, name))):.3g}")
-            if int(state.num_nonfinite) > 0:
-                parts.append("STOPPED (non-finite)")
-            text = ", ".join(parts)
+            text = self._config.describe(state)
         self._diagnostics = (calls + 1, text)
         return text
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_sample_impl"] = None
         state["_monitor"] = self._monitor.for_pickling()
         return state

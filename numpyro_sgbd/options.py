@@ -5,9 +5,6 @@ control variates and, for SGBD, the scale windows) and raises a clear error
 naming the argument and the fix.
 """
 
-import difflib
-import functools
-import inspect
 from typing import Any, NamedTuple
 
 import jax
@@ -20,7 +17,6 @@ from numpyro_sgbd.validation import check_real, check_step_size
 __all__ = [
     "GRADIENTS",
     "KernelOptions",
-    "check_keyword_names",
     "check_noise_options",
     "kernel_options",
 ]
@@ -280,79 +276,6 @@ def _gradient_options(model, step_size, gradient, replace, centre, recentre_ever
             )
         recentre_every = int(recentre_every)
     return gradient, recentre_every
-
-
-def _signature(cls, init):
-    """The signature ``help()`` shows for ``cls(...)``: the constructor's own
-    arguments, its parent's positional ones (the model, ``potential_fn``,
-    ``gradient_fn``) in place of ``*sources``, and where it takes ``**options``
-    the keyword arguments its parent takes that it does not name or list in
-    ``cls._NOT_TAKEN``."""
-    signature = inspect.signature(init)
-    kinds = {p.kind for p in signature.parameters.values()}
-    if not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
-        return signature
-    parent = inspect.signature(super(cls, cls).__init__).parameters.values()
-    own = []
-    for p in signature.parameters.values():
-        if p.kind is p.VAR_POSITIONAL:  # *sources: model, potential_fn, gradient_fn
-            own += [
-                q
-                for q in parent
-                if q.kind is q.POSITIONAL_OR_KEYWORD and q.name != "self"
-            ]
-        elif p.kind is not p.VAR_KEYWORD:
-            own.append(p)
-    names = {p.name for p in own}
-    shared = [
-        p
-        for p in parent
-        if p.kind is p.KEYWORD_ONLY
-        and p.name not in names
-        and p.name not in cls._NOT_TAKEN
-    ]
-    return signature.replace(parameters=own + shared)
-
-
-def check_keyword_names(cls):
-    """Give ``cls``'s constructor its whole signature and a check of its keyword
-    names: the options every sampler shares are declared once, on the base
-    kernels, and a sampler's constructor names only its own hyperparameters and
-    takes the rest as ``**options``; ``help()`` shows them all, and a misspelt or
-    unknown name raises at construction naming the closest valid name and all of
-    them (Python's own error names neither)."""
-    init = cls.__dict__.get("__init__")
-    if init is None and "_NOT_TAKEN" in cls.__dict__:
-        # An inherited constructor, with fewer of the shared options.
-        inherited = cls.__init__
-        init = inherited.__wrapped__
-        signature = inherited.__signature__
-        signature = signature.replace(
-            parameters=[
-                p for p in signature.parameters.values() if p.name not in cls._NOT_TAKEN
-            ]
-        )
-    elif init is None or getattr(init, "_checks_names", False):
-        return
-    else:
-        signature = _signature(cls, init)
-    names = [n for n in signature.parameters if n != "self"]
-
-    @functools.wraps(init)
-    def checked(self, *args, **kwargs):
-        unknown = [k for k in kwargs if k not in names]
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TypeError(
-                f"{type(self).__name__} got an unexpected keyword argument "
-                f"{unknown[0]!r}{hint}. Its arguments are: {', '.join(names)}."
-            )
-        return init(self, *args, **kwargs)
-
-    checked._checks_names = True
-    checked.__signature__ = signature
-    cls.__init__ = checked
 
 
 def check_noise_options(beta, init_noise_sd):

@@ -5,7 +5,7 @@ a value).
 its options ask for (:func:`find_setup`: the full-data mode and the
 preconditioner there; :func:`control_variates`: the centre) and builds the
 gradient estimator, and returns them as one immutable :class:`Prepared`, which
-the kernels (:mod:`numpyro_sgbd.model_side`) keep and :func:`~numpyro_sgbd.tune`
+the kernels (:mod:`numpyro_sgbd.prepared_model`) keep and :func:`~numpyro_sgbd.tune`
 shares between its arms through the :class:`~numpyro_sgbd.setup.Setup` in it.
 :func:`initial_params` and :func:`laplace_start` give the chains' start; the
 compiled programs these run once per set-up are kept in :class:`Programs`.

@@ -112,8 +112,23 @@ class PreparedModel:
         self.rows = model_rows(info.plates)
 
     def evaluated_model(self, who):
-        """The model ArviZ reads (the kernel's :attr:`~numpyro_sgbd.kernel.
-        SGKernel.model`), warning where its rows are a subset."""
+        """The model as ``az.from_numpyro`` (through
+        :func:`numpyro.infer.util.log_likelihood`) and
+        :class:`~numpyro.infer.Predictive` read it (the kernel ``who``'s
+        ``model``): every subsample plate fixed to the rows
+        ``log_likelihood_indices`` gives, each enumerated site summed out datum
+        by datum, each local site read from the draws' row.
+
+        By default (``log_likelihood_size=None``) those are all N rows of a plate
+        of up to :data:`~numpyro_sgbd.prepare.LOG_LIKELIHOOD_ALL_ROWS` (50,000),
+        so ArviZ's ``log_likelihood`` and ``observed_data`` hold every row and
+        ``az.loo`` / ``az.waic`` estimate the elpd of all the data. ArviZ keeps 4
+        bytes per draw and row; above that size the rows are a fixed random
+        subset of that many, and reading the model warns (``az.loo`` then
+        estimates the elpd of the subset). ``log_likelihood_size`` sets the
+        number of rows (at least N: all of them);
+        :func:`~numpyro_sgbd.from_numpyro` evaluates every row in chunks.
+        ``None`` without a model."""
         if self.model is None or not self.log_likelihood_indices:
             return self.model
         note = self.subset_note(who)
@@ -231,6 +246,24 @@ class PreparedModel:
         first = key_rows[0] if batched else key_rows
         rows = draw_rows(first, self.setup.local_rows, self.local, chains)
         return rng_key, {**z, **rows}
+
+    def probe(self, one_z, model_args, model_kwargs):
+        """A user's potential_fn or gradient_fn: the shapes of its estimate at
+        ``one_z``, its gradient checked for z's structure before compiling (the
+        model's own estimators give it by construction)."""
+        estimator = self.estimator
+
+        def probe_fn(rng_key, z):
+            centre = estimator.initial_centre(z, model_args, model_kwargs)
+            return estimator.estimate(rng_key, z, model_args, model_kwargs, centre)
+
+        probe = jax.eval_shape(probe_fn, random.key(0), one_z)
+        if jax.tree.structure(probe.z_grad) != jax.tree.structure(one_z):
+            raise ValueError(
+                "The gradient estimate does not have the structure of z: "
+                f"{jax.tree.structure(probe.z_grad)} vs {jax.tree.structure(one_z)}."
+            )
+        return probe
 
     def shapes_of(self, one_z):
         """The latent sites' shapes: the model's, or those of ``one_z`` (one

@@ -245,6 +245,20 @@ class SamplerConfig:
                 return None
         return self.spec.bias_laws.get(self.variant)
 
+    def describe(self, state):
+        """The progress bar's text for one chain's ``state``."""
+        parts = [f"U_hat {float(state.potential_energy_estimate):.4g}"]
+        if getattr(state, "noise_sd", None) is not None:
+            parts.append(
+                f"tau_hat {float(state.mean_noise_sd):.3g}, over tolerance "
+                f"{100 * float(state.tolerance_exceeded):.0f}%"
+            )
+        for name in self.statistics:
+            parts.append(f"{name} {float(np.max(getattr(state, name))):.3g}")
+        if int(state.num_nonfinite) > 0:
+            parts.append("STOPPED (non-finite)")
+        return ", ".join(parts)
+
     # ----------------------------------------------------- the noise bound
     def noise_bound(self, noise_sd, batch_ndim=0):
         """``(tau, value)`` of the corrected variant's bound (see

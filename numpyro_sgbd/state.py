@@ -27,7 +27,7 @@ class SetupArrays(NamedTuple):
     centre: Any = None
 
 
-#: The fields every kernel's state on :class:`_FamilyKernel` has, in order; a
+#: The fields every family kernel's state has, in order; a
 #: sampler's own statistics (``kinetic_energy``, ``thermostat``, ...) go between
 #: ``tolerance_exceeded`` and ``num_nonfinite`` (see :func:`family_state`).
 _FAMILY_HEAD = (
@@ -53,7 +53,7 @@ _FAMILY_TAIL = (
 
 
 def family_state(name, statistics=(), *, module=None):
-    """The state type of a kernel on :class:`_FamilyKernel`: :class:`SGState`'s
+    """The state type of a sampler (its spec's ``state_type``): :class:`SGState`'s
     fields, the sampler's own per-draw ``statistics`` (scalars, collected by
     default) before ``num_nonfinite``, and last ``aux``, the update family's own
     state (e.g. position and momentum) over the flat position in u with a

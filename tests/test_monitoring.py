@@ -251,7 +251,7 @@ def test_a_coordinate_that_holds_still_is_not_said_to_move_inf_sds():
     kernel.init(random.key(0), 10, None, (Y,), {})
     with pytest.warns(RuntimeWarning, match="not mixing") as caught:
         kernel.monitor.check_drift(
-            kernel, kernel._num_warmup + 3200, list(rows[:, None, :1]), 100
+            kernel, kernel.run_shape().num_warmup + 3200, list(rows[:, None, :1]), 100
         )
     (text,) = [str(w.message) for w in caught]
     assert not re.search(r"\binf\b", text)

@@ -63,7 +63,10 @@ def load_run(name, run):
             if not isinstance(v, (dict, tuple)) and np.ndim(v) == 2
         }
         sampler = run.sampler
-        model = getattr(sampler, "_model", None) or getattr(sampler, "model", None)
+        if isinstance(sampler, Monitored):  # ours: the model as the user gave it
+            model = sampler.prepared.model
+        else:  # NumPyro's HMC and NUTS keep it as `_model`
+            model = getattr(sampler, "_model", None) or getattr(sampler, "model", None)
         if isinstance(model, full_batch):
             model = model.fn
         source = (model, run._args, run._kwargs) if model is not None else None

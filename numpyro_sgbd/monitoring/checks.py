@@ -205,7 +205,7 @@ def _nonfinite(kernel, i, num_nonfinite):
 
     def warn():
         monitor.record_warning("nonfinite")
-        _warn_nonfinite(at, advice.nonfinite_remedies(kernel.run_facts()))
+        _warn_nonfinite(at, advice.nonfinite_remedies(advice.run_facts(kernel)))
 
     return [(at, "nonfinite", warn)]
 

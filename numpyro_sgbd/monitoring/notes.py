@@ -329,7 +329,7 @@ class Monitor:
         sampling and the drift check's draws."""
         if first_stop:
             self.record_warning("nonfinite")
-            _warn_nonfinite(i, advice.nonfinite_remedies(kernel.run_facts()))
+            _warn_nonfinite(i, advice.nonfinite_remedies(advice.run_facts(kernel)))
         batch_shape = np.shape(i)
         i = int(np.max(i))
         self.tick(i)
@@ -364,7 +364,7 @@ class Monitor:
         if smallest >= STEP_WARN_FRACTION * target:
             return
         self.record_warning("step")
-        remedies = advice.step_remedies(kernel.run_facts())
+        remedies = advice.step_remedies(advice.run_facts(kernel))
         warnings.warn(
             f"{type(kernel).__name__}: the gradient noise held the adapted step to "
             f"{smallest:.3g} in the whitened coordinates (target "
@@ -389,7 +389,7 @@ class Monitor:
             return
         self.drift_warned = True
         self.record_warning("drift")
-        remedies = advice.drift_remedies(kernel.run_facts())
+        remedies = advice.drift_remedies(advice.run_facts(kernel))
         j = found.index if coords is None else int(coords[found.index])
         name = flat_name(kernel.prepared.draw_shapes, j)
         t = i - kernel.run_shape().num_warmup

@@ -214,7 +214,7 @@ def _on_run_end(kernel, rows):
             f"{flat_name(shapes, found['worst_rhat'])}"
         )
     remedies = advice.convergence_remedies(
-        kernel.run_facts(),
+        advice.run_facts(kernel),
         ess=ess,
         rhat=rhat,
         num_samples=monitor.trace_plan.num_samples,

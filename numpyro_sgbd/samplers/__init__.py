@@ -11,38 +11,30 @@ over them). By family:
 (SGHMC, SGNHT, BAOAB) and :mod:`~numpyro_sgbd.samplers.recipe` (Recipe, SGRLD).
 """
 
+from numpyro_sgbd.samplers import momentum, nogin, position, recipe
+from numpyro_sgbd.samplers.momentum import *  # noqa: F403
 from numpyro_sgbd.samplers.momentum import (
-    BAOAB,
-    SGHMC,
-    SGNHT,
     BAOABKernelState,
     SGHMCKernelState,
     SGNHTKernelState,
 )
-from numpyro_sgbd.samplers.nogin import (
-    MAX_COVARIANCE_BYTES,
-    NOGIN,
-    NOGINState,
-    choose_covariance,
-)
-from numpyro_sgbd.samplers.position import SGBD, SGLD
-from numpyro_sgbd.samplers.recipe import SGRLD, Recipe, RecipeKernelState
+from numpyro_sgbd.samplers.nogin import *  # noqa: F403
+from numpyro_sgbd.samplers.nogin import MAX_COVARIANCE_BYTES, choose_covariance
+from numpyro_sgbd.samplers.position import *  # noqa: F403
+from numpyro_sgbd.samplers.recipe import *  # noqa: F403
+from numpyro_sgbd.samplers.recipe import RecipeKernelState
+
+#: The names the package exports: each sampler module's ``__all__`` (its
+#: samplers), so that a sampler added to a module is exported with nothing else
+#: to edit.
+PUBLIC = [*position.__all__, *nogin.__all__, *momentum.__all__, *recipe.__all__]
 
 __all__ = [
-    "BAOAB",
-    "BAOABKernelState",
-    "NOGIN",
-    "NOGINState",
-    "SGBD",
-    "SGHMC",
-    "SGLD",
-    "SGNHT",
-    "SGRLD",
-    "Recipe",
-    "choose_covariance",
+    *PUBLIC,
     "BAOABKernelState",
     "MAX_COVARIANCE_BYTES",
     "RecipeKernelState",
     "SGHMCKernelState",
     "SGNHTKernelState",
+    "choose_covariance",
 ]

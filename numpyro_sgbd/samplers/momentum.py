@@ -12,6 +12,8 @@ from numpyro_sgbd.updates.baoab import baoab_step
 from numpyro_sgbd.updates.sghmc import sghmc_init, sghmc_step
 from numpyro_sgbd.updates.sgnht import sgnht_init, sgnht_step
 
+__all__ = ["BAOAB", "SGHMC", "SGNHT"]
+
 SGHMCKernelState = family_state(
     "SGHMCKernelState", ("kinetic_energy",), module=__name__
 )

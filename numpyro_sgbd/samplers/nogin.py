@@ -25,6 +25,8 @@ from numpyro_sgbd.updates import (
 from numpyro_sgbd.updates.nogin import NOGINUpdateState, nogin_init, nogin_step
 from numpyro_sgbd.validation import check_step_size
 
+__all__ = ["NOGIN", "NOGINState"]
+
 NOGINState = namedtuple(
     "NOGINState",
     [

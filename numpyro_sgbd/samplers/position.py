@@ -15,6 +15,8 @@ from numpyro_sgbd.updates.position import (
     position_init,
 )
 
+__all__ = ["SGBD", "SGLD"]
+
 
 def _check_increment(args):
     if args["increment"] not in INCREMENTS:

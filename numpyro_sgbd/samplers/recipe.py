@@ -20,6 +20,8 @@ from numpyro_sgbd.updates.recipe import check_recipe, recipe_step
 from numpyro_sgbd.updates.sghmc import sghmc_init
 from numpyro_sgbd.validation import check_step_size
 
+__all__ = ["Recipe", "SGRLD"]
+
 RecipeKernelState = family_state("RecipeKernelState", module=__name__)
 RecipeKernelState.__doc__ = """State of :class:`Recipe` and :class:`SGRLD`: the
 fields of :class:`~numpyro_sgbd.SGState`, ``tolerance_exceeded`` being the fraction
