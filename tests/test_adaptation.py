@@ -392,7 +392,7 @@ def test_adapt_mass_matrix_bad_input():
     # A given step size with a preconditioner may adapt the scales.
     assert SGBD(
         spike_and_slab, step_size=0.5, preconditioner="dense", adapt_mass_matrix=True
-    )._adapt_mass
+    ).config.options.adapt_mass
 
 
 @pytest.mark.parametrize("kernel_name", ["SGBD"])

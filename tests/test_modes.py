@@ -490,7 +490,7 @@ def test_a_refit_starts_its_search_from_the_last_mode_where_that_is_lower():
         fresh.init(random.key(3), 10, None, data, {})
         reused.init(random.key(3), 10, None, data, {})
         searches[name] = [
-            (k.adaptation_info["mode_search"]["iterations"], k._setup.mode["w"])
+            (k.adaptation_info["mode_search"]["iterations"], k.setup.mode["w"])
             for k in (fresh, reused)
         ]
         reused.init(random.key(3), 10, None, (X, y), {})  # back to the first

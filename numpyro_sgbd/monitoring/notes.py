@@ -209,7 +209,7 @@ def wall_time(kernel, mcmc):
     i_end = int(np.max(np.asarray(last.i)))
     resumed = getattr(mcmc, "_warmup_state", None) is not None
     steps = (mcmc.num_samples + (0 if resumed else mcmc.num_warmup)) * getattr(
-        kernel, "_num_steps", 1
+        kernel, "num_steps", 1
     )
     i_start = i_end - steps
     passes = []
