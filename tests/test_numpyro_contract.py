@@ -42,6 +42,7 @@ from numpyro_sgbd import (
     SGLD,
     SGNHT,
     SGRLD,
+    CyclicalSGLD,
     Recipe,
     monitoring,
     samplers,
@@ -86,6 +87,10 @@ KERNELS = {
     # within the short warmups here.
     "PSGLD": lambda model=None, sd=1.0, **kw: PSGLD(
         model, step_size=jax.tree.map(np.sqrt, sd), decay=0.99, **kw
+    ),
+    # Cyclical SGLD: SGLD's step at each cycle's start, a short cycle.
+    "CyclicalSGLD": lambda model=None, sd=1.0, **kw: CyclicalSGLD(
+        model, step_size=_scaled(sd, 0.3), cycle_length=50, **kw
     ),
     "NOGIN": lambda model=None, sd=1.0, **kw: NOGIN(
         model, step_size=0.5, mass=_precision(sd), covariance="full", **kw
