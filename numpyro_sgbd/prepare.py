@@ -7,8 +7,8 @@ preconditioner there; :func:`control_variates`: the centre) and builds the
 gradient estimator, and returns them as one immutable :class:`Prepared`, which
 the kernels (:mod:`numpyro_sgbd.prepared_model`) keep and :func:`~numpyro_sgbd.tune`
 shares between its arms through the :class:`~numpyro_sgbd.setup.Setup` in it.
-:func:`initial_params` and :func:`laplace_start` give the chains' start; the
-compiled programs these run once per set-up are kept in :class:`Programs`.
+The chains' start is :mod:`numpyro_sgbd.prepared_model`'s; the compiled programs
+that run once per set-up are kept in :class:`Programs`.
 """
 
 import contextlib
@@ -16,14 +16,10 @@ from typing import Any, NamedTuple
 import warnings
 
 import jax
-from jax import random
-from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 import numpyro
 from numpyro.distributions.transforms import biject_to
-from numpyro.infer.util import find_valid_initial_params, initialize_model
-from numpyro.util import not_jax_tracer
 
 from numpyro_sgbd import preconditioning
 from numpyro_sgbd.enumeration import enumeration_dim, is_enumerated
@@ -59,8 +55,6 @@ __all__ = [
     "evaluation_indices",
     "find_setup",
     "has_tracer",
-    "initial_params",
-    "laplace_start",
     "model_rows",
     "prepare",
     "trace_model",
@@ -540,79 +534,3 @@ def find_setup(setup, model, model_args, model_kwargs, info, request, traced):
         adaptation_info=info,
         local_rows=rows,
     )
-
-
-def check_init_params(init_params, shapes):
-    """Raise unless ``init_params`` gives an unconstrained value for every
-    latent site."""
-    if not isinstance(init_params, dict) or set(init_params) != set(shapes):
-        got = sorted(init_params) if isinstance(init_params, dict) else init_params
-        raise ValueError(
-            "init_params must be a dict of unconstrained values for the latent "
-            f"sites {sorted(shapes)}; got {got}."
-        )
-
-
-def initial_params(programs, model, strategy, shapes, rng_key, model_args, kwargs):
-    """A valid initial point of ``model`` by ``strategy``: the search as one
-    compiled program with the data as its arguments (NumPyro's
-    ``initialize_model`` runs it op by op, and each op is compiled apart on
-    first use); where it finds none, NumPyro's own path says what is wrong."""
-    prototype = {k: jnp.zeros(v) for k, v in shapes.items()}
-
-    def make(rebuild):
-        def find_from_arrays(rng_key, arrays):
-            args, kw = rebuild(arrays)
-            (z, _, _), ok = find_valid_initial_params(
-                rng_key,
-                model,
-                init_strategy=strategy,
-                model_args=args,
-                model_kwargs=kw,
-                prototype_params=prototype,
-            )
-            return z, jnp.all(ok)
-
-        return find_from_arrays
-
-    fn, arrays = programs.over_data(make, model_args, kwargs)
-    z, ok = fn(rng_key, arrays)
-    # Under chain_method="parallel" this runs inside pmap, where the flag is
-    # abstract: NumPyro's own initialisation skips its check there too.
-    if not not_jax_tracer(ok) or bool(ok):
-        return z
-    info = initialize_model(
-        rng_key,
-        model,
-        init_strategy=strategy,
-        model_args=model_args,
-        model_kwargs=kwargs,
-    )
-    return info.param_info.z
-
-
-def laplace_start(programs, pre, mode, rng_key, batched):
-    """``(rng_key, z)``: the key split for the initial state, and z drawn from
-    the Laplace approximation N(z_hat, L L') with the other half, so that chains
-    start apart, near the mode, on the posterior's scale. One compiled program,
-    kept per form and shapes, with L as its argument: run op by op the split and
-    the draw compiled five programs (a threefry normal among them)."""
-    cache_key = (pre.form, batched, jax.tree.structure(mode)) + tuple(
-        (jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(mode)
-    )
-    unravel = ravel_pytree(mode)[1]
-
-    def build():
-        def start(rng_key, arrays):
-            pre = preconditioning.Preconditioner(cache_key[0], *arrays)
-
-            def one(key):
-                key, key_init = random.split(key)
-                u = random.normal(key_init, pre.loc.shape, pre.loc.dtype)
-                return key, unravel(pre.to_z(u))
-
-            return jax.vmap(one)(rng_key) if batched else one(rng_key)
-
-        return start
-
-    return programs.get(cache_key, build)(rng_key, tuple(pre)[1:])

@@ -10,11 +10,18 @@ import warnings
 
 import jax
 from jax import random
+from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 from numpyro import handlers
-from numpyro.infer.util import ParamInfo, constrain_fn
-from numpyro.util import identity
+from numpyro.infer.util import (
+    ParamInfo,
+    constrain_fn,
+    find_valid_initial_params,
+    initialize_model,
+)
+from numpyro.util import identity, not_jax_tracer
 
+from numpyro_sgbd import preconditioning
 from numpyro_sgbd.enumeration import marginal_model
 from numpyro_sgbd.estimators import (
     ControlVariateEstimator,
@@ -31,9 +38,6 @@ from numpyro_sgbd.local_sites import (
 from numpyro_sgbd.prepare import (
     LogLikelihoodSubsetWarning,
     Programs,
-    check_init_params,
-    initial_params,
-    laplace_start,
     model_rows,
     prepare,
 )
@@ -59,6 +63,83 @@ def _fixed_rows(model, indices):
             return fixed(*model_args, **model_kwargs)
 
     return evaluated
+
+
+# ------------------------------------------------------------ the start
+def check_init_params(init_params, shapes):
+    """Raise unless ``init_params`` gives an unconstrained value for every
+    latent site."""
+    if not isinstance(init_params, dict) or set(init_params) != set(shapes):
+        got = sorted(init_params) if isinstance(init_params, dict) else init_params
+        raise ValueError(
+            "init_params must be a dict of unconstrained values for the latent "
+            f"sites {sorted(shapes)}; got {got}."
+        )
+
+
+def initial_params(programs, model, strategy, shapes, rng_key, model_args, kwargs):
+    """A valid initial point of ``model`` by ``strategy``: the search as one
+    compiled program with the data as its arguments (NumPyro's
+    ``initialize_model`` runs it op by op, and each op is compiled apart on
+    first use); where it finds none, NumPyro's own path says what is wrong."""
+    prototype = {k: jnp.zeros(v) for k, v in shapes.items()}
+
+    def make(rebuild):
+        def find_from_arrays(rng_key, arrays):
+            args, kw = rebuild(arrays)
+            (z, _, _), ok = find_valid_initial_params(
+                rng_key,
+                model,
+                init_strategy=strategy,
+                model_args=args,
+                model_kwargs=kw,
+                prototype_params=prototype,
+            )
+            return z, jnp.all(ok)
+
+        return find_from_arrays
+
+    fn, arrays = programs.over_data(make, model_args, kwargs)
+    z, ok = fn(rng_key, arrays)
+    # Under chain_method="parallel" this runs inside pmap, where the flag is
+    # abstract: NumPyro's own initialisation skips its check there too.
+    if not not_jax_tracer(ok) or bool(ok):
+        return z
+    info = initialize_model(
+        rng_key,
+        model,
+        init_strategy=strategy,
+        model_args=model_args,
+        model_kwargs=kwargs,
+    )
+    return info.param_info.z
+
+
+def laplace_start(programs, pre, mode, rng_key, batched):
+    """``(rng_key, z)``: the key split for the initial state, and z drawn from
+    the Laplace approximation N(z_hat, L L') with the other half, so that chains
+    start apart, near the mode, on the posterior's scale. One compiled program,
+    kept per form and shapes, with L as its argument: run op by op the split and
+    the draw compiled five programs (a threefry normal among them)."""
+    cache_key = (pre.form, batched, jax.tree.structure(mode)) + tuple(
+        (jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(mode)
+    )
+    unravel = ravel_pytree(mode)[1]
+
+    def build():
+        def start(rng_key, arrays):
+            pre = preconditioning.Preconditioner(cache_key[0], *arrays)
+
+            def one(key):
+                key, key_init = random.split(key)
+                u = random.normal(key_init, pre.loc.shape, pre.loc.dtype)
+                return key, unravel(pre.to_z(u))
+
+            return jax.vmap(one)(rng_key) if batched else one(rng_key)
+
+        return start
+
+    return programs.get(cache_key, build)(rng_key, tuple(pre)[1:])
 
 
 class PreparedModel:

@@ -2,7 +2,7 @@
 the :class:`~numpyro_sgbd.spec.SamplerSpec`, the call's arguments checked and
 their defaults resolved (some once the model's plates are known), and gives the
 core's values the step is built from (:class:`~numpyro_sgbd.core.Family`,
-:class:`~numpyro_sgbd.core.Adaptation`). The kernel
+:class:`~numpyro_sgbd.adaptation.Adaptation`). The kernel
 (:class:`~numpyro_sgbd.kernel.SGKernel`) holds one; nothing here reads the
 model or its data."""
 
@@ -207,7 +207,8 @@ class SamplerConfig:
         return core.Family(**fields)
 
     def adaptation(self, num_warmup, run_steps, preconditioner):
-        """The warmup adaptation (:class:`core.Adaptation`) of a run with
+        """The warmup adaptation
+        (:class:`~numpyro_sgbd.adaptation.Adaptation`) of a run with
         ``num_warmup`` warmup steps and ``run_steps`` sampling steps (or
         ``None``), with ``preconditioner`` (a chain's, from its state)."""
         spec, adapt_mass = self.spec, self.options.adapt_mass

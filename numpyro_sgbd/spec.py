@@ -99,7 +99,8 @@ class SamplerSpec(NamedTuple):
         ``eps (2 D - eps tau^2)`` the corrected variant keeps positive, by name.
     :ivar noise_step_bound: ``bound(largest) -> step``, the largest step the
         noise allows at the largest noise sd (SGBD, SGLD: ``tau * step``); by
-        default :func:`core.noise_step_bound` over ``noise_diffusion``.
+        default :func:`~numpyro_sgbd.adaptation.noise_step_bound` over
+        ``noise_diffusion``.
     :ivar float step_target: the step in the whitened coordinates u (unit
         posterior scale) that ``step_size=None`` starts from and never exceeds.
     :ivar float sampling_fraction: the sampling step as a fraction of warmup's

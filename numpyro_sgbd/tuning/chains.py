@@ -312,8 +312,9 @@ def _within_noise_bound(kernel, state, steps):
     """Per chain: whether its step keeps the corrected variant's injected variance
     positive at the start, the check a kernel given that step makes in ``init``;
     always true for samplers without such a bound."""
+    noise_sd = getattr(state, "noise_sd", None)  # NOGIN's state keeps none
     bound = getattr(kernel, "noise_bound", None)
-    bound = None if bound is None else bound(state.noise_sd, batch_ndim=1)
+    bound = None if bound is None else bound(noise_sd, batch_ndim=1)
     if bound is None:
         return [True] * len(steps)
     tau, value = bound
