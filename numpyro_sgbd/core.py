@@ -43,7 +43,7 @@ from numpyro_sgbd.adaptation import (
 from numpyro_sgbd.estimators import _finite_tree
 from numpyro_sgbd.estimators.base import GradientEstimate
 from numpyro_sgbd.local_sites import global_sites
-from numpyro_sgbd.updates._tree import tree_mean
+from numpyro_sgbd.updates.shared import tree_mean
 
 __all__ = [
     "Adaptation",

@@ -47,7 +47,7 @@ COROLLARY1_BOUND = 0.019
 # helpers
 
 
-def _leaf_keys(rng_key, z):
+def leaf_keys(rng_key, z):
     return random.split(rng_key, len(jax.tree.leaves(z)))
 
 
@@ -55,7 +55,7 @@ def _barker_unit_draws(rng_key, z, step_size, increment):
     """The increments ``w`` and coin uniforms ``u`` barker_step draws, as leaf lists."""
     ws, us = [], []
     sigmas = jax.tree.leaves(step_size) if not np.isscalar(step_size) else None
-    for i, (key, x) in enumerate(zip(_leaf_keys(rng_key, z), jax.tree.leaves(z))):
+    for i, (key, x) in enumerate(zip(leaf_keys(rng_key, z), jax.tree.leaves(z))):
         sigma = step_size if sigmas is None else sigmas[i]
         key_w, key_b = random.split(key)
         eps = random.normal(key_w, jnp.shape(x), x.dtype)
@@ -68,7 +68,7 @@ def _barker_unit_draws(rng_key, z, step_size, increment):
 def _sgld_unit_draws(rng_key, z):
     return [
         random.normal(key, jnp.shape(x), x.dtype)
-        for key, x in zip(_leaf_keys(rng_key, z), jax.tree.leaves(z))
+        for key, x in zip(leaf_keys(rng_key, z), jax.tree.leaves(z))
     ]
 
 

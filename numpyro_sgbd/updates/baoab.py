@@ -18,8 +18,8 @@ import jax
 from jax import random
 import jax.numpy as jnp
 
-from numpyro_sgbd.updates._tree import broadcast_tree
-from numpyro_sgbd.updates.sghmc import SGHMCState, _accumulator, _leaf_keys
+from numpyro_sgbd.updates.sghmc import SGHMCState
+from numpyro_sgbd.updates.shared import accumulator, broadcast_tree, leaf_keys
 
 __all__ = ["BAOABInfo", "baoab_step"]
 
@@ -62,7 +62,7 @@ def _ornstein_uhlenbeck(rng_key, p, step_size, friction, mass):
     ``p <- c p + sqrt((1 - c^2) m) xi`` with ``c = exp(-gamma h / m)``; one
     unit normal per leaf from ``random.split(rng_key, num_leaves)``."""
     leaves, treedef = jax.tree.flatten(p)
-    keys = _leaf_keys(rng_key, len(leaves))
+    keys = leaf_keys(rng_key, len(leaves))
     args = [treedef.flatten_up_to(t) for t in (step_size, friction, mass)]
     new = []
     for key, mom, h, gamma, m in zip(keys, leaves, *args):
@@ -81,7 +81,7 @@ def _kinetic_energy(p, mass):
                 0.5
                 * jnp.sum(
                     jnp.broadcast_to(
-                        jnp.square(mom.astype(_accumulator(jnp.result_type(mom)))) / m,
+                        jnp.square(mom.astype(accumulator(jnp.result_type(mom)))) / m,
                         jnp.shape(mom),
                     )
                 )

@@ -8,7 +8,7 @@ import jax
 from jax import random
 import jax.numpy as jnp
 
-from numpyro_sgbd.updates._tree import map_coordinates
+from numpyro_sgbd.updates.shared import map_coordinates
 
 __all__ = ["BARKER_TOLERANCE", "VARIANTS", "barker_step", "flip_probability"]
 

@@ -9,9 +9,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from numpyro_sgbd.updates._tree import broadcast_tree
 from numpyro_sgbd.updates.langevin import langevin_step
-from numpyro_sgbd.updates.position import fraction
+from numpyro_sgbd.updates.shared import broadcast_tree, fraction
 
 __all__ = [
     "CyclicalInfo",

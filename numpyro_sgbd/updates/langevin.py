@@ -3,8 +3,8 @@
 from jax import random
 import jax.numpy as jnp
 
-from numpyro_sgbd.updates._tree import map_coordinates
 from numpyro_sgbd.updates.barker import VARIANTS
+from numpyro_sgbd.updates.shared import map_coordinates
 
 __all__ = ["langevin_step"]
 

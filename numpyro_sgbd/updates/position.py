@@ -11,12 +11,9 @@ coordinates. Nothing here imports NumPyro.
 
 from typing import Any, NamedTuple
 
-import jax
-import jax.numpy as jnp
-
-from numpyro_sgbd.updates._tree import tree_mean
 from numpyro_sgbd.updates.barker import barker_step
 from numpyro_sgbd.updates.langevin import langevin_step
+from numpyro_sgbd.updates.shared import fraction
 
 __all__ = [
     "PositionInfo",
@@ -50,13 +47,6 @@ def position_init(z, rng_key=None):
     """
     del rng_key
     return PositionState(z)
-
-
-def fraction(flags):
-    """The fraction of true leaves' entries in a pytree of booleans, as a float
-    (NaN when the tree holds no entries)."""
-    dtype = jnp.result_type(float)
-    return tree_mean(jax.tree.map(lambda x: x.astype(dtype), flags))
 
 
 def barker_update(

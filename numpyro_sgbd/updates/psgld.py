@@ -8,9 +8,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from numpyro_sgbd.updates._tree import broadcast_tree
 from numpyro_sgbd.updates.langevin import langevin_step
-from numpyro_sgbd.updates.position import PositionInfo, fraction
+from numpyro_sgbd.updates.position import PositionInfo
+from numpyro_sgbd.updates.shared import broadcast_tree, fraction
 
 __all__ = ["PSGLDState", "psgld_init", "psgld_update", "rms_preconditioner"]
 

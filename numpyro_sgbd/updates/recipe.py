@@ -11,10 +11,11 @@ SGRHMC are all calls of :func:`recipe_step` with different ``diffusion`` and
 from typing import NamedTuple
 
 import jax
-from jax import random
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
+
+from numpyro_sgbd.updates.shared import flat_unit_normals
 
 __all__ = ["RecipeInfo", "check_recipe", "recipe_moments", "recipe_step"]
 
@@ -30,21 +31,6 @@ class RecipeInfo(NamedTuple):
     """
 
     noise_clipped: jnp.ndarray
-
-
-def _flat_unit_normals(rng_key, z):
-    """The unit normals of :func:`~numpyro_sgbd.updates.langevin_step`, raveled.
-
-    One key per leaf of ``z`` from ``random.split(rng_key, num_leaves)`` and a
-    standard normal of the leaf's shape and dtype, as ``_tree.map_coordinates`` does.
-    """
-    leaves = jax.tree.leaves(z)
-    keys = random.split(rng_key, max(len(leaves), 1))[: len(leaves)]
-    draws = [
-        random.normal(key, jnp.shape(x), jnp.result_type(x))
-        for key, x in zip(keys, leaves)
-    ]
-    return ravel_pytree(draws)[0]
 
 
 def _value_and_jacobian(fn, x):
@@ -261,7 +247,7 @@ def recipe_step(rng_key, z, z_grad, step_size, *, diffusion, curl=None, noise_va
     dtype, unravel, mean, cov = _recipe_parts(
         z, z_grad, step_size, diffusion, curl, noise_var
     )
-    eta = _flat_unit_normals(rng_key, z).astype(dtype)
+    eta = flat_unit_normals(rng_key, z).astype(dtype)
     if cov.ndim == 1:
         clipped = jnp.sum(cov < 0) / max(cov.size, 1)
         noise = jnp.sqrt(step_size * jnp.maximum(cov, 0.0)) * eta

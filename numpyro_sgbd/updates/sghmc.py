@@ -11,9 +11,16 @@ import jax
 from jax import random
 import jax.numpy as jnp
 
-from numpyro_sgbd.updates._tree import broadcast_tree
+from numpyro_sgbd.updates.shared import accumulator, broadcast_tree, leaf_keys
 
-__all__ = ["MOMENTUM_VARIANTS", "SGHMCInfo", "SGHMCState", "sghmc_init", "sghmc_step"]
+__all__ = [
+    "MOMENTUM_VARIANTS",
+    "SGHMCInfo",
+    "SGHMCState",
+    "momentum_update",
+    "sghmc_init",
+    "sghmc_step",
+]
 
 #: The variants of the momentum samplers (``"extreme"`` has no momentum analogue).
 MOMENTUM_VARIANTS = ("vanilla", "corrected")
@@ -44,16 +51,6 @@ class SGHMCInfo(NamedTuple):
     noise_exceeded: Any
 
 
-def _leaf_keys(rng_key, num_leaves):
-    # One key per leaf, as _tree.map_coordinates splits them.
-    return random.split(rng_key, max(num_leaves, 1))[:num_leaves]
-
-
-def _accumulator(dtype):
-    # Sums over coordinates in at least float32 (a float16 leaf would overflow).
-    return jnp.promote_types(dtype, jnp.float32)
-
-
 def sghmc_init(z, rng_key=None, *, mass=1.0):
     r"""The :class:`SGHMCState` at position ``z``.
 
@@ -82,12 +79,12 @@ def sghmc_init(z, rng_key=None, *, mass=1.0):
         (jnp.sqrt(m) * random.normal(key, jnp.shape(x), jnp.result_type(x))).astype(
             jnp.result_type(x)
         )
-        for key, x, m in zip(_leaf_keys(rng_key, len(leaves)), leaves, masses)
+        for key, x, m in zip(leaf_keys(rng_key, len(leaves)), leaves, masses)
     ]
     return SGHMCState(z, treedef.unflatten(p))
 
 
-def _momentum_update(
+def momentum_update(
     rng_key,
     z,
     p,
@@ -133,7 +130,7 @@ def _momentum_update(
     z_new, p_new = [], []
     kinetic = jnp.zeros((), jnp.float32)
     num_exceeded = jnp.zeros((), jnp.int32)
-    keys = _leaf_keys(rng_key, len(leaves))
+    keys = leaf_keys(rng_key, len(leaves))
     for key, x, *args in zip(keys, leaves, *trees):
         mom, grad, eps, gamma, dif, m, tau = args
         shape, dtype = jnp.shape(x), jnp.result_type(x)
@@ -150,7 +147,7 @@ def _momentum_update(
         mom = mom - eps * grad - eps * gamma * mom / m + jnp.sqrt(var) * unit
         mom = jnp.broadcast_to(mom, shape).astype(dtype)
         p_new.append(mom)
-        acc = _accumulator(dtype)
+        acc = accumulator(dtype)
         kinetic = kinetic + 0.5 * jnp.sum(
             jnp.broadcast_to(jnp.square(mom.astype(acc)) / m, shape)
         )
@@ -230,7 +227,7 @@ def sghmc_step(
     >>> float(info.kinetic_energy)
     1.0
     """
-    z_new, p_new, kinetic, exceeded = _momentum_update(
+    z_new, p_new, kinetic, exceeded = momentum_update(
         rng_key,
         state.z,
         state.p,

@@ -9,7 +9,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from numpyro_sgbd.updates.sghmc import _accumulator, _momentum_update, sghmc_init
+from numpyro_sgbd.updates.sghmc import momentum_update, sghmc_init
+from numpyro_sgbd.updates.shared import accumulator
 
 __all__ = ["SGNHTInfo", "SGNHTState", "sgnht_init", "sgnht_step"]
 
@@ -76,7 +77,7 @@ def sgnht_init(z, rng_key=None, *, diffusion=1.0):
     _check_scalar(diffusion, "diffusion")
     z, p = sghmc_init(z, rng_key)
     leaves = jax.tree.leaves(z)
-    dtype = _accumulator(jnp.result_type(*leaves) if leaves else jnp.float32)
+    dtype = accumulator(jnp.result_type(*leaves) if leaves else jnp.float32)
     return SGNHTState(z, p, jnp.asarray(diffusion, dtype))
 
 
@@ -151,10 +152,10 @@ def sgnht_step(
     leaves = jax.tree.leaves(state.p)
     d = max(sum(int(jnp.size(x)) for x in leaves), 1)
     two_kinetic = sum(
-        jnp.sum(jnp.square(x.astype(_accumulator(jnp.result_type(x))))) for x in leaves
+        jnp.sum(jnp.square(x.astype(accumulator(jnp.result_type(x))))) for x in leaves
     )
     xi = state.thermostat
-    z_new, p_new, kinetic, exceeded = _momentum_update(
+    z_new, p_new, kinetic, exceeded = momentum_update(
         rng_key,
         state.z,
         state.p,

@@ -10,7 +10,7 @@ import jax
 from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 
-from numpyro_sgbd.updates.recipe import _flat_unit_normals
+from numpyro_sgbd.updates.shared import flat_unit_normals
 
 __all__ = ["expanded_mean_metric", "sgrld_step"]
 
@@ -100,7 +100,7 @@ def sgrld_step(rng_key, z, z_grad, step_size, *, inverse_metric, reflect=False):
         lambda y: (flat_inverse_metric(y), flat_inverse_metric(y)), has_aux=True
     )(x)
     gamma = jnp.diagonal(jac)
-    eta = _flat_unit_normals(rng_key, z).astype(x.dtype)
+    eta = flat_unit_normals(rng_key, z).astype(x.dtype)
     x_new = (
         x
         - step_size * (d * g - gamma)

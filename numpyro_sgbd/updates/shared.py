@@ -1,8 +1,23 @@
-"""Pytree plumbing shared by the coordinate-wise update rules."""
+"""The helpers the update rules share, in one public module: pytree plumbing
+(:func:`broadcast_tree`, :func:`map_coordinates`, :func:`tree_mean`,
+:func:`fraction`), one key per leaf (:func:`leaf_keys`), the unit normals of
+the coordinate-wise rules raveled (:func:`flat_unit_normals`) and the dtype
+their sums accumulate in (:func:`accumulator`). Nothing here imports NumPyro."""
 
 import jax
 from jax import random
+from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
+
+__all__ = [
+    "accumulator",
+    "broadcast_tree",
+    "flat_unit_normals",
+    "fraction",
+    "leaf_keys",
+    "map_coordinates",
+    "tree_mean",
+]
 
 
 def broadcast_tree(value, tree, name):
@@ -50,3 +65,34 @@ def tree_mean(tree):
     if size == 0:
         return jnp.array(jnp.nan, jnp.result_type(float))
     return sum(jnp.sum(x) for x in leaves) / size
+
+
+def fraction(flags):
+    """The fraction of true leaves' entries in a pytree of booleans, as a float
+    (NaN when the tree holds no entries)."""
+    dtype = jnp.result_type(float)
+    return tree_mean(jax.tree.map(lambda x: x.astype(dtype), flags))
+
+
+def leaf_keys(rng_key, num_leaves):
+    """One key per leaf, as :func:`map_coordinates` splits them."""
+    return random.split(rng_key, max(num_leaves, 1))[:num_leaves]
+
+
+def accumulator(dtype):
+    """The dtype sums over coordinates accumulate in: at least float32 (a
+    float16 leaf would overflow)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def flat_unit_normals(rng_key, z):
+    """The unit normals of :func:`~numpyro_sgbd.updates.langevin_step`, raveled:
+    one key per leaf of ``z`` (:func:`leaf_keys`) and a standard normal of the
+    leaf's shape and dtype, as :func:`map_coordinates` draws them."""
+    leaves = jax.tree.leaves(z)
+    keys = leaf_keys(rng_key, len(leaves))
+    draws = [
+        random.normal(key, jnp.shape(x), jnp.result_type(x))
+        for key, x in zip(keys, leaves)
+    ]
+    return ravel_pytree(draws)[0]
