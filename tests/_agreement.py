@@ -1,9 +1,24 @@
-"""The test files' one check of SG draws against NUTS's on the same model."""
+"""The test files' one check of SG draws against NUTS's on the same model, and
+the effective sample size every statistical tolerance is computed from."""
 
 from jax import random
 import numpy as np
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC
+
+#: The least ESS a statistical test accepts: its tolerances grow like
+#: 1 / sqrt(ESS), so a chain that mixes badly would otherwise widen its own.
+ESS_FLOOR = 100
+
+
+def checked_ess(draws, floor=ESS_FLOOR):
+    """NumPyro's ESS of ``draws`` (``(chains, draws, ...)``), per coordinate,
+    raising where it is below ``floor``: the test then says the chain mixed too
+    badly to test instead of passing on a tolerance its own poor mixing
+    widened."""
+    ess = np.asarray(effective_sample_size(np.asarray(draws, np.float64)))
+    assert np.all(ess >= floor), f"ESS {np.min(ess):.0f} below the floor {floor}"
+    return ess
 
 
 def runs(nuts, sg, model_args, nuts_draws=(500, 1000), sg_draws=(2000, 4000)):
@@ -25,8 +40,8 @@ def agree(ref, got, names, allowance):
     for name in names:
         a, b = np.asarray(ref[name]), np.asarray(got[name])
         sd = a.std(0)
-        ess_a = effective_sample_size(a[None])
-        ess_b = effective_sample_size(b[None])
+        ess_a = checked_ess(a[None])
+        ess_b = checked_ess(b[None])
         mcse = sd * np.sqrt(1 / ess_a + 1 / ess_b)
         assert np.all(np.abs(a.mean(0) - b.mean(0)) < 4 * mcse + allowance * sd), name
         rel = np.sqrt(1 / (2 * ess_a) + 1 / (2 * ess_b))

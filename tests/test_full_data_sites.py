@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+from _agreement import checked_ess
 import jax
 from jax import random
 import jax.numpy as jnp
@@ -281,11 +282,10 @@ def test_auto_reference_on_local_sites_keeps_plain_nuts_and_says_why(caplog):
 def _mean_and_mcse(draws):
     """Per coordinate: the mean over (chain, draw) and its Monte Carlo standard
     error sd / sqrt(ESS), ESS by NumPyro's estimator."""
-    from numpyro.diagnostics import effective_sample_size
 
     draws = np.asarray(draws, np.float64)
     flat = draws.reshape(draws.shape[:2] + (-1,))
-    ess = effective_sample_size(flat)
+    ess = checked_ess(flat)
     sd = flat.reshape(-1, flat.shape[-1]).std(0)
     return flat.mean((0, 1)), sd / np.sqrt(ess)
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import warnings
 
+from _agreement import ESS_FLOOR
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,6 +126,8 @@ def test_sharded_and_unsharded_runs_agree_on_a_conjugate_posterior(results, name
     MCSE; the sds are within 25 % of the exact sd."""
     exact = results["exact"]
     runs = [results[f"mcmc_{name}_{w}"] for w in ("unsharded", "sharded")]
+    for r in runs:  # the tolerances shrink like 1 / sqrt(ESS): a floor on it
+        assert np.min(r["ess"]) >= ESS_FLOOR, r["ess"]
     se = [np.asarray(r["sd"]) / np.sqrt(np.asarray(r["ess"])) for r in runs]
     means = [np.asarray(r["mean"]) for r in runs]
     assert np.all(np.abs(means[1] - means[0]) <= 4 * np.hypot(*se))
