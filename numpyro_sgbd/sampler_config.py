@@ -48,7 +48,7 @@ class SamplerConfig:
 
     def __init__(self, spec, sources, kwargs):
         self.spec = spec
-        args = specs.arguments(spec, dict(zip(specs._SOURCES, sources)), kwargs)
+        args = specs.arguments(spec, dict(zip(specs.SOURCES, sources)), kwargs)
         variant = args["variant"]
         if variant is not None and variant not in spec.variants:
             raise ValueError(
@@ -61,7 +61,7 @@ class SamplerConfig:
             **{k: args[k] for k in _OPTION_NAMES},
             scale_bounded=spec.scale_max is not None,
         )
-        self.source = next(k for k in specs._SOURCES if args[k] is not None)
+        self.source = next(k for k in specs.SOURCES if args[k] is not None)
         self.reset()
         self.step_kwargs, self.step_size = {}, None
 

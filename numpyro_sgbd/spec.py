@@ -23,7 +23,15 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro_sgbd import core
 from numpyro_sgbd.options import _per_site
 
-__all__ = ["REQUIRED", "SHARED", "RunChecks", "SamplerSpec", "arguments", "signature"]
+__all__ = [
+    "REQUIRED",
+    "SHARED",
+    "SOURCES",
+    "RunChecks",
+    "SamplerSpec",
+    "arguments",
+    "signature",
+]
 
 #: The default of a hyperparameter the constructor requires.
 REQUIRED = inspect.Parameter.empty
@@ -47,7 +55,8 @@ SHARED = {
     "chunk_size": 4096,
     "num_steps": 1,
 }
-_SOURCES = ("model", "potential_fn", "gradient_fn")
+#: What a sampler runs on, one of them given: its positional arguments.
+SOURCES = ("model", "potential_fn", "gradient_fn")
 
 
 class RunChecks(NamedTuple):
@@ -176,7 +185,7 @@ def arguments(spec, sources, kwargs):
     names = _names(spec)
     unknown = [k for k in kwargs if k not in names]
     if unknown:
-        valid = [*_SOURCES, *names]
+        valid = [*SOURCES, *names]
         close = difflib.get_close_matches(unknown[0], valid, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise TypeError(
@@ -195,7 +204,7 @@ def arguments(spec, sources, kwargs):
 def signature(spec):
     """The signature ``help()`` shows for the sampler's constructor."""
     kinds = inspect.Parameter
-    params = [kinds(s, kinds.POSITIONAL_OR_KEYWORD, default=None) for s in _SOURCES]
+    params = [kinds(s, kinds.POSITIONAL_OR_KEYWORD, default=None) for s in SOURCES]
     params += [
         kinds(name, kinds.KEYWORD_ONLY, default=default)
         for name, default in _names(spec).items()
