@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from numpyro_sgbd.setup import dimension
+
 __all__ = [
     "RunFacts",
     "convergence_remedies",
@@ -55,7 +57,7 @@ def run_facts(kernel):
         gradient=None if prepared.model is None else config.gradient,
         adaptive=config.args["step_size"] is None,
         plates=plates,
-        dim=sum(int(np.prod(s)) for s in prepared.draw_shapes.values()),
+        dim=dimension(prepared.draw_shapes),
         num_warmup=kernel.run_shape().num_warmup // kernel.num_steps,
         local=bool(prepared.local),
     )

@@ -129,13 +129,12 @@ class SGKernel(Monitored, MCMCKernel):
 
     @property
     def default_fields(self):
-        """``z`` and the per-draw statistics of the state (see its type)."""
-        fields = self.spec.state_type._fields
-        per_draw = fields[
-            fields.index("potential_energy_estimate") : fields.index("num_nonfinite")
-        ]
-        kept = ("z_grad", "noise_sd", "p")
-        return ("z", *(f for f in per_draw if f not in kept), "num_nonfinite")
+        """``z``, the per-draw statistics every state has and the sampler's own
+        (see its state type)."""
+        noise = ("potential_energy_estimate", "mean_noise_sd")
+        if "tolerance_exceeded" in self.spec.state_type._fields:
+            noise += ("tolerance_exceeded",)
+        return ("z", *noise, *self._config.statistics, "num_nonfinite")
 
     @property
     def num_steps(self):
@@ -229,8 +228,13 @@ class SGKernel(Monitored, MCMCKernel):
         self._config.reset()
         self._prepared.build(model_args, model_kwargs, self._config.choose)
         if one_z is not None:
-            shapes = self._prepared.shapes_of(one_z)
-            self._config.resolve(shapes, one_z, self.preconditioner is not None)
+            self._resolve(one_z)
+
+    def _resolve(self, one_z):
+        """The step size and hyperparameters against the shapes of ``one_z``,
+        one chain's global sites."""
+        shapes = self._prepared.shapes_of(one_z)
+        self._config.resolve(shapes, one_z, self.preconditioner is not None)
 
     def noise_bound(self, noise_sd, batch_ndim=0):
         """``(tau, value)`` for the corrected variant's bound ``step * tau^2 <= 2 *
@@ -261,10 +265,7 @@ class SGKernel(Monitored, MCMCKernel):
         )
         one_z = jax.tree.map(lambda x: x[0], z) if batched else z
         with eager_if_traced(traced):
-            one_global = core.global_sites(one_z, tuple(self._prepared.local))
-            shapes = self._prepared.shapes_of(one_global)
-            pre = self.preconditioner is not None
-            self._config.resolve(shapes, one_global, pre)
+            self._resolve(core.global_sites(one_z, tuple(self._prepared.local)))
         if self._prepared.model is None:
             probe = self._prepared.probe(one_z, model_args, model_kwargs)
             self._config.check_probe(probe, one_z)
