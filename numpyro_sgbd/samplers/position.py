@@ -394,6 +394,12 @@ def _check_cycle(args):
     return {"cycle_length": length, "explore": float(explore)}
 
 
+def _as_checked(hyper, shapes, one_z, preconditioned, args):
+    """The cycle's length and the exploration fraction stay Python numbers, so a
+    run without exploration compiles no descent."""
+    return dict(hyper)
+
+
 CYCLICAL_SPEC = SGLD_SPEC._replace(
     name="CyclicalSGLD",
     init=cyclical_init,
@@ -401,6 +407,7 @@ CYCLICAL_SPEC = SGLD_SPEC._replace(
     state_type=CyclicalKernelState,
     hyperparameters={"cycle_length": 1000, "explore": 0.0},
     check=_check_cycle,
+    resolve=_as_checked,
     # No law: the step moves through the cycle; the sampling step (the
     # schedule's peak) is warmup's.
     bias_laws={},

@@ -91,7 +91,8 @@ def cyclical_update(
     :param str variant: ``"vanilla"``, ``"corrected"`` or ``"extreme"``.
     :param noise_sd: the gradient noise sd, for ``"corrected"``.
     :param cycle_length: L, steps per cycle (1: plain SGLD).
-    :param float explore: the exploration fraction :math:`\beta` in [0, 1).
+    :param float explore: the exploration fraction :math:`\beta` in [0, 1), a
+        Python number (the step computes the descent only where it is > 0).
     :return: ``(CyclicalState, CyclicalInfo)``; with ``cycle_length=1`` and
         ``explore=0`` SGLD's draws for the same key (to float rounding).
     """
@@ -104,8 +105,9 @@ def cyclical_update(
     z, exceeded = langevin_step(
         rng_key, state.z, z_grad, steps, variant=variant, noise_sd=noise_sd
     )
-    descent, _ = langevin_step(rng_key, state.z, z_grad, steps, variant="extreme")
-    exploring = position < explore
-    z = jax.tree.map(lambda a, b: jnp.where(exploring, a, b), descent, z)
+    if explore > 0:  # a number, not traced: no exploration stage, no descent
+        descent, _ = langevin_step(rng_key, state.z, z_grad, steps, variant="extreme")
+        exploring = position < explore
+        z = jax.tree.map(lambda a, b: jnp.where(exploring, a, b), descent, z)
     info = CyclicalInfo(fraction(exceeded), position)
     return CyclicalState(z, state.k + 1), info
