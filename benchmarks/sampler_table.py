@@ -40,7 +40,12 @@ two forms):
   some 60 pupils a school the data fix each ``tau * u_j`` much better than
   ``tau``, so the posterior is a curved ridge in ``(tau, u)`` that no linear
   preconditioner straightens: the default path warns here, and the table shows
-  by how much it is off.
+  by how much it is off;
+* ``indexed``: ``benchmarks/nogin_scale.py``'s indexed-vector logistic model
+  (30,000 simulated rows, each reading 3 of 500 coefficients, and an
+  intercept: d = 501, n = 300), the kind of model with a few hundred
+  coordinates where NOGIN's per-minibatch covariance cost a hundred SGLD steps
+  a step (issue 63).
 
 Columns: ``step``, the sampling step in the whitened coordinates (chosen for
 the run's length, ``numpyro_sgbd.discretisation``); ``xi``, the relative error
@@ -102,6 +107,7 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 import adaptation_accuracy  # noqa: E402
 import control_variates  # noqa: E402
 import latent_sites  # noqa: E402
+import nogin_scale  # noqa: E402
 
 SAMPLERS = {
     "SGBD": SGBD,
@@ -110,7 +116,15 @@ SAMPLERS = {
     "SGHMC": SGHMC,
     "SGNHT": SGNHT,
 }
-PROBLEMS = ("fertility", "default", "simulated", "faithful", "exam", "exam_nc")
+PROBLEMS = (
+    "fertility",
+    "default",
+    "simulated",
+    "faithful",
+    "exam",
+    "exam_nc",
+    "indexed",
+)
 COLUMNS = [
     "problem",
     "sampler",
@@ -207,6 +221,16 @@ def problem(name, quick):
             x64=False,
             description=f"mlmRev Exam, N = {x.shape[0]:,}, {k} schools, {form} "
             "effects, n = 200",
+        )
+    if name == "indexed":
+        model, (cols, vals, y), n, d = nogin_scale.problem("indexed501")
+        return dict(
+            model=model,
+            args=(cols, vals, y, d - 1, n),
+            reference=dict(num_warmup=500, num_samples=1000),
+            x64=False,
+            description=f"simulated indexed-vector logistic, N = {y.shape[0]:,}, "
+            f"each row reading 3 of {d - 1} coefficients, d = {d}, n = {n}",
         )
     raise ValueError(name)
 

@@ -40,6 +40,7 @@ from numpyro_sgbd.setup import (
     find_preconditioner,
 )
 from numpyro_sgbd.sharding import data_sharding
+from numpyro_sgbd.updates.nogin import NOISE_ROWS_PER_STEP
 from numpyro_sgbd.validation import check_plate_data
 
 __all__ = [
@@ -298,11 +299,18 @@ def build_estimator(
         rows = preconditioning.noise_rows(
             preconditioner, n, preconditioner.loc.shape[0]
         )
+    covariance, covariance_rows = noise_form, None
+    if noise_form in (None, "sd"):
+        covariance = None
+    elif noise_form == "lowrank+diag":  # NOGIN's running estimate, its own rows
+        ((size, _, _),) = plates.values()
+        covariance, covariance_rows = "rows", min(NOISE_ROWS_PER_STEP, size)
     return MinibatchEstimator(
         model,
         plates,
         noise=noise_form == "sd",
-        covariance=None if noise_form in (None, "sd") else noise_form,
+        covariance=covariance,
+        covariance_rows=covariance_rows,
         replace=replace,
         pullback=None if preconditioner is None else preconditioner.pull,
         sharding=sharding,

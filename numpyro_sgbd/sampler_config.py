@@ -140,12 +140,15 @@ class SamplerConfig:
         return self.noise_form, self.gradient
 
     def independent_noise(self):
-        """Whether the noise covariance comes from a second minibatch (a spec's
-        ``noise_estimate``: ``"independent"``, or ``"auto"`` on plain
-        minibatches of a model)."""
+        """Whether the noise covariance comes from rows drawn apart from the
+        force's: a spec's ``noise_estimate``, ``"independent"`` or ``"auto"`` on
+        plain minibatches of a model (a second minibatch), or a form that draws
+        its own rows (NOGIN's ``"lowrank+diag"``)."""
         choice = self.args.get("noise_estimate")
         if self.source != "model" or choice in (None, "same"):
             return False
+        if self.noise_form == "lowrank+diag":
+            return True
         return choice == "independent" or self.gradient == "minibatch"
 
     # ------------------------------------------------------- by z's shapes

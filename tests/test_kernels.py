@@ -87,6 +87,7 @@ def _mcse_check(draws, mean, sd, k=4.0):
         (SGLD, "vanilla", 0.2),
         (NOGIN, "full", 0.5),
         (NOGIN, "diag", 0.5),
+        (NOGIN, "lowrank+diag", 0.5),
     ],
 )
 def test_conjugate_gaussian_posterior(y_data, kernel_cls, variant, rel_step):
@@ -777,10 +778,21 @@ def test_jit_model_args_gives_the_same_draws(y_data, kernel_cls, kwargs):
         (20_000, 30_000, "diag"),
     ],
 )
-def test_nogin_chooses_the_cheaper_covariance_form(d, n, form):
-    from numpyro_sgbd.samplers import choose_covariance
+def test_nogin_per_step_form_is_the_cheaper_one(d, n, form):
+    from numpyro_sgbd.samplers import per_step_covariance
 
-    assert choose_covariance(d, n)[0] == form
+    assert per_step_covariance(d, n)[0] == form
+
+
+def test_nogin_default_form_is_the_running_estimate_with_noise():
+    from numpyro_sgbd.samplers import choose_covariance, choose_rank
+
+    assert choose_covariance(5, 0)[0] == "diag"  # exact gradients
+    for d, n in [(3, 100), (501, 300), (5000, 500)]:
+        form, why = choose_covariance(d, n, 10**4)
+        assert form == "lowrank+diag" and "no d x d" in why
+    assert "exact" in choose_covariance(20, 100)[1]
+    assert (choose_rank(20), choose_rank(501), choose_rank(501, 8)) == (20, 32, 8)
 
 
 def test_nogin_auto_covariance_is_resolved_at_init_and_logged(y_data, caplog):
@@ -791,7 +803,7 @@ def test_nogin_auto_covariance_is_resolved_at_init_and_logged(y_data, caplog):
     mcmc = MCMC(kernel, num_warmup=0, num_samples=5, progress_bar=False)
     with caplog.at_level(logging.INFO, logger="numpyro_sgbd"):
         mcmc.run(random.key(0), y_data)
-    assert kernel.noise_form == "full"  # d = 1 < n = 100
-    assert "covariance='full'" in caplog.text
+    assert kernel.noise_form == "lowrank+diag"
+    assert "covariance='lowrank+diag'" in caplog.text
     with pytest.raises(ValueError, match="name the form"):
         NOGIN(gradient_fn=lambda key, z: None, step_size=0.5)

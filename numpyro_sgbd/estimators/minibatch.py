@@ -39,7 +39,11 @@ from numpyro_sgbd.estimators.rows import (
 from numpyro_sgbd.estimators.static_gathers import without_static_gathers
 from numpyro_sgbd.handlers import fix_plates, shard_local
 
-__all__ = ["MinibatchEstimator"]
+__all__ = ["MinibatchEstimator", "NOISE_ROWS"]
+
+#: The key of the noise's own indices in :meth:`MinibatchEstimator.draw`'s
+#: result with ``covariance="rows"``.
+NOISE_ROWS = "__noise_rows__"
 
 
 class MinibatchEstimator(Estimator):
@@ -66,7 +70,13 @@ class MinibatchEstimator(Estimator):
         :func:`resolve_replace` chooses for each plate).
     :param str covariance: ``None`` (default), ``"lowrank"``, ``"diag"`` or
         ``"full"``: also return the noise covariance in that form (implies
-        ``noise``).
+        ``noise``). ``"rows"``: the gradient as without noise, and as
+        ``noise_cov`` the factor B, shape ``(d, m)``, of an unbiased estimate
+        :math:`BB^\\top` of that gradient's noise covariance from
+        ``covariance_rows`` = m per-datum gradients of other indices, drawn
+        apart from the minibatch's (NOGIN's ``"lowrank+diag"``): the minibatch
+        costs a gradient, and the noise m per-datum ones.
+    :param int covariance_rows: m, with ``covariance="rows"``.
     :param str per_datum: how the per-datum gradients are formed: ``"vmap"``
         (default) runs the model on each datum of the minibatch alone, vectorized,
         at the cost of about one minibatch gradient plus n evaluations of the
@@ -115,8 +125,16 @@ class MinibatchEstimator(Estimator):
         noise_rows=None,
         enumerate_dim=None,
         local=None,
+        covariance_rows=None,
     ):
         noise = _checked_noise(plates, noise, covariance, per_datum)
+        if covariance == "rows" and not (
+            isinstance(covariance_rows, int) and covariance_rows >= 2
+        ):
+            raise ValueError(
+                "covariance='rows' needs covariance_rows, the number of rows a "
+                f"noise estimate reads, an int >= 2; got {covariance_rows!r}."
+            )
         #: ``{name: LocalSite}`` of the latent sites inside the plate, whose N
         #: rows z holds (:mod:`~numpyro_sgbd.local_sites`); empty without.
         self.local = dict(local or {})
@@ -129,6 +147,7 @@ class MinibatchEstimator(Estimator):
         self.pullback = pullback
         self.sharding = sharding
         self.noise_rows, self.enumerate_dim = noise_rows, enumerate_dim
+        self.covariance_rows = covariance_rows
         #: The estimator on one shard (``None`` without sharding).
         self.shard = None
         if sharding is not None:
@@ -146,6 +165,8 @@ class MinibatchEstimator(Estimator):
                 noise_rows=noise_rows,
                 enumerate_dim=enumerate_dim,
                 local=shard_sites(self.local, sharding.local_size),
+                covariance_rows=covariance_rows
+                and max(2, covariance_rows // sharding.num_shards),
             )
 
     #: Per-datum gradients are formed in chunks of at most this many floats
@@ -167,11 +188,19 @@ class MinibatchEstimator(Estimator):
 
     def draw(self, rng_key):
         """Fresh indices ``{plate name: indices}`` for every subsample plate."""
+        if self.covariance == "rows":  # the noise's rows, apart from the force's
+            rng_key, key_rows = random.split(rng_key)
         keys = random.split(rng_key, max(len(self.plates), 1))
-        return {
+        indices = {
             name: draw_indices(key, size=size, subsample_size=n, replace=self.replace)
             for key, (name, (size, n, _)) in zip(keys, self.plates.items())
         }
+        if self.covariance == "rows":
+            ((size, _, _),) = self.plates.values()
+            indices[NOISE_ROWS] = draw_indices(
+                key_rows, size, self.covariance_rows, replace=self.replace
+            )
+        return indices
 
     def terms(self, z, indices, model_args, model_kwargs, with_terms=None, local=None):
         """(potential estimate, scaled per-datum log-likelihood terms h_i or None).
@@ -275,6 +304,8 @@ class MinibatchEstimator(Estimator):
         if centre is not None:
             apart = partial(self._at_z, indices=indices, model_args=model_args)
             apart = partial(apart, model_kwargs=model_kwargs)
+        if self.covariance == "rows" and self.plates:
+            return self._apart(terms, z, indices, centre)
         if not self.noise or not self.plates:
             if centre is not None:
                 return parts_difference(apart(z), apart(centre))
@@ -298,6 +329,23 @@ class MinibatchEstimator(Estimator):
             return _by_vmap_pair(one, z, centre, indices[name], n)
         return _by_vmap(one, z, indices[name], n)
 
+    def _apart(self, terms, z, indices, centre):
+        """:meth:`_at_z` with ``covariance="rows"``: the minibatch's potential and
+        gradient (minus the centre's), and the per-datum gradients of the
+        noise's own indices, scaled as the minibatch's rows are."""
+        ((name, (_, n, _)),) = self.plates.items()
+        indices = dict(indices)
+        idx = indices.pop(NOISE_ROWS)
+        value_and_grad = jax.value_and_grad(partial(_potential, terms, indices))
+        value, grad = value_and_grad(z)
+        one = partial(_datum_potential, terms, name)
+        one = one if self.enumerate_dim is None else without_static_gathers(one)
+        if centre is None:
+            return value, grad, _by_vmap(one, z, idx, n)[2]
+        value_c, grad_c = value_and_grad(centre)
+        grad = jax.tree.map(jnp.subtract, grad, grad_c)
+        return value - value_c, grad, _by_vmap_pair(one, z, centre, idx, n)[2]
+
     def summarise(self, value, grad, per_datum_grads, axis_name=None):
         """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
         noise statistics of the n per-datum gradients (rows of
@@ -316,8 +364,11 @@ class MinibatchEstimator(Estimator):
             return GradientEstimate(grad, jax.tree.map(jnp.zeros_like, grad), value)
         ((size, n, _),) = self.plates.values()
         factor = noise_variance_factor(size, n, replace=self.replace)
+        form, rows = self.covariance, n
+        if form == "rows":  # B from the noise's own m rows
+            form, rows = "lowrank", self.covariance_rows
         noise_sd, cov = noise_statistics(
-            per_datum_grads, n, factor, self.covariance, total, gather
+            per_datum_grads, rows, factor, form, total, gather
         )
         return GradientEstimate(grad, noise_sd, value, cov)
 
@@ -355,9 +406,10 @@ def _checked_noise(plates, noise, covariance, per_datum):
     known forms, and the noise has one plate to come from."""
     if per_datum not in ("vmap", "jacobian"):
         raise ValueError(f"per_datum must be 'vmap' or 'jacobian', got {per_datum!r}.")
-    if covariance not in (None, "lowrank", "diag", "full"):
+    if covariance not in (None, "lowrank", "diag", "full", "rows"):
         raise ValueError(
-            f"covariance must be None, 'lowrank', 'diag' or 'full', got {covariance!r}."
+            "covariance must be None, 'lowrank', 'diag', 'full' or 'rows', got "
+            f"{covariance!r}."
         )
     noise = noise or covariance is not None
     if noise and len(plates) > 1:

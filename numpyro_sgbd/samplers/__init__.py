@@ -19,7 +19,13 @@ from numpyro_sgbd.samplers.momentum import (
     SGNHTKernelState,
 )
 from numpyro_sgbd.samplers.nogin import *  # noqa: F403
-from numpyro_sgbd.samplers.nogin import MAX_COVARIANCE_BYTES, choose_covariance
+from numpyro_sgbd.samplers.nogin import (
+    MAX_COVARIANCE_BYTES,
+    MAX_RANK,
+    choose_covariance,
+    choose_rank,
+    per_step_covariance,
+)
 from numpyro_sgbd.samplers.position import *  # noqa: F403
 from numpyro_sgbd.samplers.recipe import *  # noqa: F403
 from numpyro_sgbd.samplers.recipe import RecipeKernelState
@@ -33,8 +39,11 @@ __all__ = [
     *PUBLIC,
     "BAOABKernelState",
     "MAX_COVARIANCE_BYTES",
+    "MAX_RANK",
     "RecipeKernelState",
     "SGHMCKernelState",
     "SGNHTKernelState",
     "choose_covariance",
+    "choose_rank",
+    "per_step_covariance",
 ]

@@ -22,7 +22,14 @@ from numpyro_sgbd.updates import (
     COVARIANCES,
     nogin_damp,
 )
-from numpyro_sgbd.updates.nogin import NOGINUpdateState, nogin_init, nogin_step
+from numpyro_sgbd.updates.nogin import (
+    NOISE_ROWS_PER_STEP,
+    NOISE_WINDOW,
+    NOGINUpdateState,
+    NoiseAverage,
+    nogin_init,
+    nogin_step,
+)
 from numpyro_sgbd.validation import check_step_size
 
 __all__ = ["NOGIN", "NOGINState"]
@@ -46,8 +53,9 @@ NOGINState = namedtuple(
         "local",
         "stall_damping",
         "sampling_damping",
+        "noise_average",
     ],
-    defaults=(None, None, None, None, None, None, None),
+    defaults=(None, None, None, None, None, None, None, None),
 )
 NOGINState.__doc__ = """
 State of :class:`NOGIN`. The scalar fields can be collected with
@@ -61,7 +69,8 @@ State of :class:`NOGIN`. The scalar fields can be collected with
  - **potential_energy_estimate** - the minibatch estimate of the potential at the
    half-step position where the last step evaluated its force.
  - **mean_noise_sd** - the mean over coordinates of the noise sd
-   :math:`\\sqrt{\\Sigma_{jj}}` of the last force (0 with exact gradients).
+   :math:`\\sqrt{\\Sigma_{jj}}` of the last force (0 with exact gradients;
+   with ``"lowrank+diag"``, of the running estimate the O-step damped by).
  - **noise_damping** - :math:`\\frac{\\beta h^2}{4}\\rho(\\Sigma M^{-1})`, the largest
    eigenvalue of the noise term of the last O-step (0 with exact gradients). The
    damping factor's smallest eigenvalue is
@@ -83,6 +92,10 @@ State of :class:`NOGIN`. The scalar fields can be collected with
    check reads (NaN before it); ``None`` otherwise.
  - **sampling_damping** - likewise: the mean of ``noise_damping`` at the end of
    each sample after warmup (0 before), which the noise check reads.
+ - **noise_average** - with ``covariance="lowrank+diag"``, the running
+   estimate of the noise covariance the O-step damps by
+   (:class:`~numpyro_sgbd.updates.NoiseAverage`, in u's coordinates with a
+   preconditioner); ``None`` otherwise.
 """
 
 # noise_damping above which the gradient noise, not the step, sets the
@@ -146,8 +159,49 @@ def _mean_noise_sd(noise, covariance, dtype):
 MAX_COVARIANCE_BYTES = 2**30
 
 
-def choose_covariance(d, n):
-    """NOGIN's covariance form for ``d`` coordinates and minibatches of ``n``:
+#: The rank of ``"lowrank+diag"``'s running estimate at most (``rank=None``).
+MAX_RANK = 32
+
+
+def choose_rank(d, rank=None):
+    """The rank of ``"lowrank+diag"``'s average over ``d`` coordinates: the
+    given ``rank``, else ``min(d, MAX_RANK)`` (exact where d <= MAX_RANK)."""
+    return min(d, MAX_RANK) if rank is None else min(int(rank), d)
+
+
+def choose_covariance(d, n, size=None):
+    """NOGIN's covariance form for ``d`` coordinates, minibatches of ``n`` of
+    ``size`` data: ``(form, reason)``.
+
+    ``"lowrank+diag"`` where there is noise: a running estimate averaged over
+    the last :data:`~numpyro_sgbd.updates.nogin.NOISE_WINDOW` steps from
+    :data:`~numpyro_sgbd.updates.nogin.NOISE_ROWS_PER_STEP` per-datum
+    gradients a step drawn apart from the force's minibatch, kept as its
+    exact diagonal and its ``min(d, 32)`` leading directions. A step costs a
+    minibatch gradient, those few per-datum gradients and
+    :math:`O(d (r + m)^2)`, where a per-minibatch covariance costs n per-datum
+    gradients and a factorisation (:func:`per_step_covariance`). Without
+    subsampling (n = 0) the noise is zero: ``"diag"``.
+
+    >>> choose_covariance(21, 1000, 10**5)[0], choose_covariance(5000, 100)[0]
+    ('lowrank+diag', 'lowrank+diag')
+    """
+    if n == 0:
+        return "diag", "no subsample plate: exact gradients, no noise"
+    if size is not None and size < 2:
+        return per_step_covariance(d, n)
+    rank = choose_rank(d)
+    what = "exact" if rank == d else f"its diagonal and {rank} leading directions"
+    return "lowrank+diag", (
+        f"d = {d}, n = {n}: the covariance averaged over {NOISE_WINDOW} steps of "
+        f"{NOISE_ROWS_PER_STEP} rows apart from the force's ({what}): "
+        f"O(d (r + m)^2) a step, no d x d factorisation"
+    )
+
+
+def per_step_covariance(d, n):
+    """The covariance form estimated afresh from each minibatch, for ``d``
+    coordinates and minibatches of ``n`` (``noise_estimate="same"``):
     ``(form, reason)``.
 
     A step costs :math:`O(dn^2 + n^3)` in the ``"lowrank"`` form (the d x n factor
@@ -157,7 +211,7 @@ def choose_covariance(d, n):
     :data:`MAX_COVARIANCE_BYTES`, ``"diag"`` (:math:`O(dn)`, an approximation) is
     chosen instead. Without subsampling (n = 0) the noise is zero: ``"diag"``.
 
-    >>> choose_covariance(21, 1000)[0], choose_covariance(1000, 100)[0]
+    >>> per_step_covariance(21, 1000)[0], per_step_covariance(1000, 100)[0]
     ('full', 'lowrank')
     """
     if n == 0:
@@ -178,12 +232,21 @@ def _nogin_family_step(
     """:func:`~numpyro_sgbd.updates.nogin.nogin_step` as a family step: it
     estimates the force itself, at the half step, and returns that estimate."""
     del estimate, variant, noise_sd  # NOGIN damps by the force's own covariance
+    kwargs.pop("rank", None)
     aux, info = nogin_step(rng_key, aux, estimate_fn, step_size, **kwargs)
-    return aux, info.estimate, info
+    estimate = info.estimate
+    if aux.average is not None and estimate.noise_cov is not None:
+        # The state's noise statistic from the average the O-step damped by.
+        estimate = estimate._replace(noise_cov=aux.average)
+    return aux, estimate, info
 
 
 def _nogin_mean_noise_sd(covariance, estimate, x):
-    return _mean_noise_sd(estimate.noise_cov, covariance, x.dtype)
+    noise = estimate.noise_cov
+    if isinstance(noise, NoiseAverage):  # after a step: the running estimate's
+        return jnp.mean(jnp.sqrt(noise.diagonal))
+    form = "lowrank" if covariance == "lowrank+diag" else covariance  # B, (d, m)
+    return _mean_noise_sd(noise, form, x.dtype)
 
 
 def _three_keys(rng_key):
@@ -205,11 +268,11 @@ def _nogin_rescale(moved, state):
 
 
 def _nogin_state_of(aux):
-    return {"p": aux.p}
+    return {"p": aux.p, "noise_average": aux.average}
 
 
 def _nogin_aux_of(state, x):
-    return NOGINUpdateState(x, state.p)
+    return NOGINUpdateState(x, state.p, state.noise_average)
 
 
 def _check_nogin(args):
@@ -236,6 +299,20 @@ def _check_nogin(args):
             "noise_estimate must be 'auto', 'same' or 'independent', got "
             f"{noise_estimate!r}."
         )
+    if noise_estimate == "same" and covariance == "lowrank+diag":
+        raise ValueError(
+            "covariance='lowrank+diag' estimates the noise from rows drawn apart "
+            "from the force's; noise_estimate='same' needs a per-minibatch form: "
+            "covariance='lowrank', 'full' or 'diag'."
+        )
+    rank = args["rank"]
+    if rank is not None and (
+        isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1
+    ):
+        raise ValueError(
+            "rank, the number of leading directions covariance='lowrank+diag' "
+            f"keeps, must be a positive int or None (min(d, 32)); got {rank!r}."
+        )
     if noise_estimate != "auto" and args["model"] is None:
         raise ValueError(
             f"noise_estimate={noise_estimate!r} chooses which minibatch the "
@@ -259,14 +336,16 @@ def _check_nogin(args):
             "mode in z: leave mass=1.0, or pass preconditioner='none' with a "
             "step_size and your own mass."
         )
-    names = ("friction", "mass", "inverse_temperature", "covariance")
+    names = ("friction", "mass", "inverse_temperature", "covariance", "rank")
+    names += ("noise_estimate",)
     return {name: args[name] for name in names}
 
 
 def _noise_form(hyper, variant, shapes, plates, source):
     """The covariance form: as given; with ``"auto"``, ``"diag"`` for exact
     gradients (a potential), else chosen by d and n once the model is traced
-    (``"auto"`` before)."""
+    (``"auto"`` before): :func:`choose_covariance`, or with
+    ``noise_estimate="same"`` :func:`per_step_covariance`."""
     covariance = hyper["covariance"]
     if covariance != "auto":
         return covariance
@@ -275,17 +354,23 @@ def _noise_form(hyper, variant, shapes, plates, source):
     if shapes is None:
         return "auto"
     n = max((plate[1] for plate in plates.values()), default=0)
-    covariance, why = choose_covariance(dimension(shapes), n)
+    size = min((plate[0] for plate in plates.values()), default=None)
+    if hyper["noise_estimate"] == "same" and n:
+        covariance, why = per_step_covariance(dimension(shapes), n)
+    else:
+        covariance, why = choose_covariance(dimension(shapes), n, size)
     logger.info("NOGIN: covariance=%r (%s).", covariance, why)
     return covariance
 
 
 def _resolve(hyper, shapes, one_z, preconditioned, args):
     """The friction and temperature as numbers, the mass as one flat vector."""
+    mass = flat_per_site(hyper["mass"], shapes, one_z, "mass")
     return {
         "friction": float(hyper["friction"]),
-        "mass": flat_per_site(hyper["mass"], shapes, one_z, "mass"),
+        "mass": mass,
         "inverse_temperature": float(hyper["inverse_temperature"]),
+        "rank": choose_rank(mass.shape[0], hyper["rank"]),
     }
 
 
@@ -293,11 +378,18 @@ def _family_options(step_kwargs, noise_form, independent):
     """NOGIN's A-B-O-B-A as a family of the core (:class:`core.Family`): on the
     flat position (u with a preconditioner, where M = I), its force estimated
     at the half step through ``estimate_fn``; the state keeps the momentum
-    ``p`` and no gradient."""
+    ``p`` (and with ``"lowrank+diag"`` the noise's running estimate, from
+    rows the estimator draws apart from the force's: no second minibatch) and
+    no gradient."""
+    averaged = noise_form == "lowrank+diag"
+    init_kwargs = {k: step_kwargs[k] for k in ("mass", "inverse_temperature")}
+    if averaged:
+        init_kwargs["rank"] = step_kwargs["rank"]
     return {
+        "init_kwargs": init_kwargs,
         "step_kwargs": {**step_kwargs, "covariance": noise_form},
         "keeps_gradient": False,
-        "independent_noise": independent,
+        "independent_noise": independent and not averaged,
         "rows_first": True,
         "mean_noise_sd": partial(_nogin_mean_noise_sd, noise_form),
         "flat": True,
@@ -321,6 +413,8 @@ def _check_probe(probe, one_z, noise_form, source):
             )
         return
     d = ravel_pytree(one_z)[0].shape[0]
+    if noise_form == "lowrank+diag":  # a factor B of one estimate, averaged
+        noise_form = "lowrank"
     try:
         jax.eval_shape(
             partial(nogin_damp, covariance=noise_form),
@@ -433,6 +527,7 @@ NOGIN_SPEC = SamplerSpec(
         "inverse_temperature": 1.0,
         "covariance": "auto",
         "noise_estimate": "auto",
+        "rank": None,
     },
     not_taken=("variant", "beta", "init_noise_sd"),
     check=_check_nogin,
@@ -490,12 +585,21 @@ class NOGIN(SGKernel):
     smooth targets the bias is :math:`O(h^2)` (Theorem 4.1), where SGLD's is
     :math:`O(h)` plus the gradient noise's share.
 
-    :math:`\Sigma` is the sample covariance of the minibatch's per-datum
-    gradients, :math:`\Sigma = CC^\top`, :math:`C = \sqrt{c/(n-1)}(G-\bar
-    G)^\top`, kept as the d x n factor (``"lowrank"``, solved by the Woodbury
-    identity), the d x d matrix (``"full"``) or its diagonal (``"diag"``, an
-    approximation); ``covariance="auto"`` chooses by d and n
-    (:func:`~numpyro_sgbd.samplers.choose_covariance`). ``noise_damping`` in the
+    By default :math:`\Sigma` is a running estimate
+    (``covariance="lowrank+diag"``): every step adds
+    :math:`BB^\top`, B = :math:`\sqrt{c/(m-1)}(G_m-\bar G_m)^\top` from the
+    per-datum gradients :math:`G_m` of m = 8 rows drawn apart from the force's
+    minibatch (c for the force's n), to a moving average over about 100 steps,
+    kept as its exact diagonal plus its ``rank`` leading directions
+    (:func:`~numpyro_sgbd.updates.noise_average_update`); the O-step solves by
+    the Woodbury identity. A step costs a minibatch gradient, 8 per-datum ones
+    and :math:`O(d(r+8)^2)`: no d x d matrix, where the other forms estimate
+    :math:`\Sigma` afresh from a whole minibatch's per-datum gradients each
+    step and factor it, as the d x n factor :math:`C = \sqrt{c/(n-1)}(G-\bar
+    G)^\top` (``"lowrank"``, by the Woodbury identity), the d x d matrix
+    (``"full"``) or its diagonal (``"diag"``, an approximation)
+    (:func:`~numpyro_sgbd.samplers.choose_covariance`,
+    :func:`~numpyro_sgbd.samplers.per_step_covariance`). ``noise_damping`` in the
     state is :math:`\frac{\beta h^2}{4}\rho(\Sigma M^{-1})`: the
     autocorrelation time is about :math:`(4/h^2)(1 + \text{noise\_damping})`
     steps (Section 4.3), and the kernel warns once when it exceeds 1 at
@@ -529,10 +633,17 @@ class NOGIN(SGKernel):
         or a dict ``{site: value}`` broadcastable to each site's unconstrained shape.
     :param float inverse_temperature: :math:`\beta > 0` (Algorithm 2); the chain
         targets :math:`\pi^\beta`. Default 1.
-    :param str covariance: ``"auto"`` (default: ``"lowrank"`` when n < d, else
-        ``"full"``, ``"diag"`` where that matrix would pass 1 GiB), ``"lowrank"``,
-        ``"full"`` or ``"diag"``. With ``gradient_fn`` name the form it returns.
-    :param str noise_estimate: where :math:`\Sigma` is estimated from:
+    :param str covariance: ``"auto"`` (default: ``"lowrank+diag"`` with
+        gradient noise, ``"diag"`` without; with ``noise_estimate="same"``
+        :func:`~numpyro_sgbd.samplers.per_step_covariance`'s choice),
+        ``"lowrank+diag"``, ``"lowrank"``, ``"full"`` or ``"diag"``. With
+        ``gradient_fn`` name the form it returns (for ``"lowrank+diag"``, a
+        factor B, shape ``(d, m)``, of an estimate drawn apart from the
+        force's noise, which the kernel averages).
+    :param int rank: the leading directions ``"lowrank+diag"`` keeps (default
+        ``None``: ``min(d, 32)``, exact where d <= 32).
+    :param str noise_estimate: for the per-minibatch forms, where
+        :math:`\Sigma` is estimated from:
         ``"same"``, the force's own minibatch; ``"independent"``, a second
         minibatch drawn independently (twice the per-datum gradients a step);
         ``"auto"`` (default), independent on plain minibatches, the same with
@@ -542,7 +653,9 @@ class NOGIN(SGKernel):
         half-kick damped, the second not), and the means drift: on plain
         minibatches 0.24-1.08 posterior sds on ``benchmarks/local_sites.py``'s
         models, 0.04-0.23 with ``"independent"``. A run that damps by more than
-        0.1 on average with ``"same"`` warns ("noise"). A model only.
+        0.1 on average with ``"same"`` warns ("noise"). ``"lowrank+diag"``
+        always reads rows apart from the force's (``"same"`` is refused). A
+        model only.
     :param bool replace: draw minibatch indices with replacement (as :class:`SGBD`).
     :param init_strategy: a NumPyro init strategy (default ``init_to_uniform``).
     :param int log_likelihood_size: as for :class:`SGBD`.

@@ -7,12 +7,14 @@ diagonal, given by its diagonal ``mass`` (shape ``(d,)`` or a scalar).
 
 from typing import Any, NamedTuple
 
+import jax
 from jax import random
 import jax.numpy as jnp
 
 __all__ = [
     "COVARIANCES",
     "NOGINInfo",
+    "NoiseAverage",
     "NOGINUpdateState",
     "nogin_damp",
     "nogin_drift",
@@ -20,9 +22,105 @@ __all__ = [
     "nogin_kick",
     "nogin_lambda",
     "nogin_step",
+    "noise_average_init",
+    "noise_average_update",
 ]
 
-COVARIANCES = ("lowrank", "diag", "full")
+COVARIANCES = ("lowrank", "diag", "full", "lowrank+diag")
+
+#: Steps over which ``"lowrank+diag"`` averages its noise estimates: the weight
+#: of a new one is ``max(1 / t, 1 / NOISE_WINDOW)`` at its t-th update.
+NOISE_WINDOW = 100
+#: Per-datum gradients a step that ``"lowrank+diag"`` draws for its estimate
+#: (:class:`~numpyro_sgbd.estimators.MinibatchEstimator`'s ``covariance_rows``).
+NOISE_ROWS_PER_STEP = 8
+
+
+class NoiseAverage(NamedTuple):
+    r"""The running estimate of the force's noise covariance that
+    ``covariance="lowrank+diag"`` damps by:
+    :math:`\bar\Sigma \approx \operatorname{diag}(e) + FF^\top`, F = QL,
+    :math:`e = \max(\mathrm{diagonal} - \operatorname{rowsum}(F^2), 0)`.
+
+    - **diagonal** - the moving average of :math:`\Sigma`'s diagonal, shape
+      ``(d,)`` (exact: every estimate's diagonal enters it).
+    - **basis** - Q, shape ``(d, r)``, orthonormal: the r leading directions of
+      the moving average, tracked by one subspace iteration a step (all of
+      :math:`R^d` where r = d).
+    - **root** - L, shape ``(r, r)``, lower triangular: :math:`LL^\top` is the
+      average compressed to the basis, :math:`Q^\top\bar\Sigma Q`.
+    - **count** - the number of estimates averaged so far.
+    """
+
+    diagonal: Any
+    basis: Any
+    root: Any
+    count: Any
+
+    @property
+    def factor(self):
+        r"""F = QL, shape ``(d, r)``: :math:`FF^\top = QQ^\top\bar\Sigma
+        QQ^\top`."""
+        return self.basis @ self.root
+
+
+def noise_average_init(d, rank, dtype=None):
+    """The empty :class:`NoiseAverage` of ``d`` coordinates and rank ``rank``
+    (the first update replaces it), its basis the first ``rank`` coordinate
+    axes.
+
+    >>> noise_average_init(5, 2).factor.shape
+    (5, 2)
+    """
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    return NoiseAverage(
+        jnp.zeros((d,), dtype),
+        jnp.eye(d, rank, dtype=dtype),
+        jnp.zeros((rank, rank), dtype),
+        jnp.zeros((), jnp.int32),
+    )
+
+
+def noise_average_update(average, rows, window=NOISE_WINDOW):
+    r"""The :class:`NoiseAverage` with a new unbiased estimate
+    :math:`BB^\top` of the noise covariance, ``rows`` = B of shape ``(d, m)``
+    (m per-datum gradients drawn apart from the force's minibatch, centred and
+    scaled: :class:`~numpyro_sgbd.estimators.MinibatchEstimator` with
+    ``covariance="rows"``).
+
+    With weight :math:`w = \max(1/t, 1/\mathrm{window})` the average moves to
+    :math:`S' = (1-w)\bar\Sigma + wBB^\top`. Its diagonal is kept exactly.
+    Its leading directions are tracked by one step of subspace iteration: with
+    :math:`K = [\sqrt{1-w}F, \sqrt w B]` (so that :math:`KK^\top` is the new
+    average's low-rank part), the new basis orthonormalises
+    :math:`KK^\top Q + \epsilon Q` (a shift of a millionth of the mean
+    variance keeps the old directions where the estimate has none) by a
+    Householder QR, and :math:`LL^\top = Q^\top KK^\top Q`. As the average
+    moves slowly, one iteration a step follows its leading directions as power
+    iteration converges (where d <= r the basis spans everything and the
+    average is exact). O(d r (r + m)) flops, a d x r QR and an r x r Cholesky
+    factorisation: never a d x d matrix nor an eigendecomposition.
+
+    >>> import jax.numpy as jnp
+    >>> avg = noise_average_update(noise_average_init(2, 2), jnp.eye(2))
+    >>> bool(jnp.allclose(avg.factor @ avg.factor.T, jnp.eye(2), atol=1e-5))
+    True
+    """
+    count = average.count + 1
+    w = jnp.maximum(1.0 / count, 1.0 / window).astype(rows.dtype)
+    stacked = jnp.concatenate(
+        [jnp.sqrt(1.0 - w) * average.factor, jnp.sqrt(w) * rows], axis=1
+    )
+    diagonal = (1.0 - w) * average.diagonal + w * jnp.sum(rows**2, axis=1)
+    shift = 1e-6 * jnp.mean(diagonal) + jnp.finfo(rows.dtype).tiny
+    moved = stacked @ (stacked.T @ average.basis) + shift * average.basis
+    # Householder QR: an orthonormal basis also where the iterate is (nearly)
+    # rank-deficient, as the first steps' m-column estimates make it.
+    basis = jnp.linalg.qr(moved)[0]
+    projected = stacked.T @ basis  # (r + m, r)
+    rank = basis.shape[1]
+    gram = projected.T @ projected + shift * jnp.eye(rank, dtype=rows.dtype)
+    return NoiseAverage(diagonal, basis, jnp.linalg.cholesky(gram), count)
 
 
 def nogin_lambda(step_size, friction):
@@ -54,16 +152,26 @@ def _check_noise(noise, covariance, d):
         raise ValueError(
             f"covariance must be one of {COVARIANCES}, got {covariance!r}."
         )
-    expected = {"diag": "(d,)", "full": "(d, d)", "lowrank": "(d, k)"}[covariance]
-    ok = {
-        "diag": jnp.shape(noise) == (d,),
-        "full": jnp.shape(noise) == (d, d),
-        "lowrank": jnp.ndim(noise) == 2 and jnp.shape(noise)[0] == d,
-    }[covariance]
+    if covariance == "lowrank+diag":
+        if not isinstance(noise, NoiseAverage):
+            raise ValueError(
+                "covariance='lowrank+diag' damps by a NoiseAverage "
+                f"(noise_average_update), got {type(noise).__name__}."
+            )
+        expected = "(d,) and (d, r)"
+        ok = jnp.shape(noise.diagonal) == (d,) and jnp.shape(noise.factor)[:1] == (d,)
+        noise = (jnp.shape(noise.diagonal), jnp.shape(noise.factor))
+    else:
+        expected = {"diag": "(d,)", "full": "(d, d)", "lowrank": "(d, k)"}[covariance]
+        ok = {
+            "diag": jnp.shape(noise) == (d,),
+            "full": jnp.shape(noise) == (d, d),
+            "lowrank": jnp.ndim(noise) == 2 and jnp.shape(noise)[0] == d,
+        }[covariance]
     if not ok:
         raise ValueError(
             f"covariance={covariance!r} needs noise of shape {expected} with d={d}, "
-            f"got {jnp.shape(noise)}."
+            f"got {noise if covariance == 'lowrank+diag' else jnp.shape(noise)}."
         )
 
 
@@ -111,16 +219,27 @@ def nogin_damp(
       :math:`(aI + cCD^\top)^{-1} p = \big(p - cC(aI_k + cD^\top C)^{-1}D^\top
       p\big)/a`, the k x k inverse through the eigendecomposition of
       :math:`D^\top C`: O(d k^2 + k^3) and never a d x d matrix.
+    - ``"lowrank+diag"``: a :class:`NoiseAverage`,
+      :math:`\Sigma = \operatorname{diag}(e) + FF^\top` (r columns). In the
+      mass's coordinates (:math:`S = R\Sigma R = E + WW^\top`, W = RF) the
+      Woodbury identity with the diagonal :math:`A = (1+\lambda^2)I + cE`
+      gives :math:`(A + cWW^\top)^{-1}q = A^{-1}q - cA^{-1}W(I_r +
+      cW^\top A^{-1}W)^{-1}W^\top A^{-1}q`, the r x r system by Cholesky:
+      O(d r^2 + r^3). The largest eigenvalue is estimated from below, as the
+      larger of S's largest diagonal entry and its Rayleigh quotient after
+      four steps of power iteration from the leading direction of
+      :math:`WW^\top` (itself by power iteration on :math:`W^\top W`).
 
-    Each form uses a single LAPACK decomposition per step: with a linear solve and
-    a separate eigenvalue routine in one step, XLA on the CPU (jaxlib 0.10, two
-    cores) deadlocked under ``chain_method="vectorized"``.
+    The per-minibatch forms use a single LAPACK decomposition per step: with a
+    linear solve and a separate eigenvalue routine in one step, XLA on the CPU
+    (jaxlib 0.8, two cores) deadlocked under ``chain_method="vectorized"``.
+    ``"lowrank+diag"``'s Cholesky factorisations run vectorized (jaxlib 0.10).
 
     :param p: momentum, shape ``(d,)``.
     :param noise: :math:`\Sigma` in the form ``covariance`` names.
     :param float step_size: h.
     :param float lam: :math:`\lambda` from :func:`nogin_lambda`.
-    :param str covariance: ``"lowrank"``, ``"diag"`` or ``"full"``.
+    :param str covariance: ``"lowrank"``, ``"diag"``, ``"full"`` or ``"lowrank+diag"``.
     :param mass: diagonal of M, scalar or shape ``(d,)``.
     :param float inverse_temperature: :math:`\beta`.
     :return: ``(p_new, noise_damping)``; ``noise_damping`` is
@@ -151,6 +270,8 @@ def nogin_damp(
         a = c * eigvals
         factor = (2.0 - a_plus - a) / (a_plus + a)
         return (eigvecs @ (factor * (eigvecs.T @ (root * p)))) / root, a[-1]
+    if covariance == "lowrank+diag":
+        return _damp_low_rank_diagonal(p, noise, c, a_plus, inv_mass)
     # lowrank: Sigma M^-1 = C D^T with D = M^-1 C.
     dm = inv_mass[:, None] * noise  # (d, k)
     if noise.shape[1] == 0:
@@ -160,6 +281,37 @@ def nogin_damp(
     small_inv_dtp = u @ ((u.T @ (dm.T @ p)) / (a_plus + c * g))
     x = (p - c * noise @ small_inv_dtp) / a_plus
     return 2.0 * x - p, c * g[-1]
+
+
+def _damp_low_rank_diagonal(p, average, c, a_plus, inv_mass):
+    """:func:`nogin_damp` for a :class:`NoiseAverage` (see there)."""
+    root = jnp.sqrt(inv_mass)
+    w = root[:, None] * average.factor  # (d, r)
+    diag_s = average.diagonal * inv_mass  # S's diagonal
+    e = jnp.maximum(diag_s - jnp.sum(w**2, axis=1), 0.0)
+    a = a_plus + c * e
+    aw = w / a[:, None]
+    q = root * p
+    rank = w.shape[1]
+    small = jnp.eye(rank, dtype=p.dtype) + c * (w.T @ aw)  # I + c W^T A^-1 W
+    solve = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(small), True), aw.T @ q)
+    x = q / a - c * aw @ solve
+    # S's largest eigenvalue from below: its largest diagonal entry, and its
+    # Rayleigh quotient after power iteration from the leading direction of
+    # W W^T (itself by power iteration on W^T W).
+    tiny = jnp.finfo(p.dtype).tiny
+    gram = w.T @ w
+    v = jnp.ones((rank,), p.dtype)
+    for _ in range(8):
+        v = gram @ v
+        v = v / jnp.maximum(jnp.linalg.norm(v), tiny)
+    u = w @ v
+    for _ in range(4):
+        u = e * u + w @ (w.T @ u)
+        u = u / jnp.maximum(jnp.linalg.norm(u), tiny)
+    rayleigh = jnp.vdot(u, e * u + w @ (w.T @ u)) / jnp.maximum(jnp.vdot(u, u), tiny)
+    top = jnp.maximum(jnp.max(diag_s), rayleigh)
+    return (2.0 * x - q) / root, c * top
 
 
 def nogin_kick(
@@ -192,7 +344,7 @@ def nogin_kick(
     :param noise: :math:`\Sigma` of the noisy force, as :func:`nogin_damp` takes it.
     :param float step_size: h.
     :param float friction: :math:`\gamma`.
-    :param str covariance: ``"lowrank"``, ``"diag"`` or ``"full"``.
+    :param str covariance: ``"lowrank"``, ``"diag"``, ``"full"`` or ``"lowrank+diag"``.
     :param mass: diagonal of M, scalar or shape ``(d,)``.
     :param float inverse_temperature: :math:`\beta`.
     :return: ``(p_new, noise_damping)``.
@@ -223,10 +375,12 @@ def nogin_kick(
 
 class NOGINUpdateState(NamedTuple):
     """State of :func:`nogin_step`: **z**, the position, and **p**, the momentum
-    (flat vectors of length d)."""
+    (flat vectors of length d); **average**, the :class:`NoiseAverage` of
+    ``covariance="lowrank+diag"`` (``None`` for the other forms)."""
 
     z: Any
     p: Any
+    average: Any = None
 
 
 class NOGINInfo(NamedTuple):
@@ -241,18 +395,24 @@ class NOGINInfo(NamedTuple):
     noise_damping: Any
 
 
-def nogin_init(z, rng_key=None, *, mass=1.0, inverse_temperature=1.0):
+def nogin_init(z, rng_key=None, *, mass=1.0, inverse_temperature=1.0, rank=None):
     r"""The :class:`NOGINUpdateState` at the flat position ``z``, with the momentum
-    drawn from its stationary law :math:`N(0, M/\beta)` (zero without a key).
+    drawn from its stationary law :math:`N(0, M/\beta)` (zero without a key) and,
+    with ``rank``, an empty :class:`NoiseAverage` of that rank
+    (``covariance="lowrank+diag"``).
 
     >>> import jax.numpy as jnp
     >>> nogin_init(jnp.zeros(3)).p.shape
     (3,)
     """
+    average = None
+    if rank is not None:
+        average = noise_average_init(jnp.shape(z)[0], rank, z.dtype)
     if rng_key is None:
-        return NOGINUpdateState(z, jnp.zeros_like(z))
+        return NOGINUpdateState(z, jnp.zeros_like(z), average)
     sd = jnp.sqrt(jnp.asarray(mass, z.dtype) / inverse_temperature)
-    return NOGINUpdateState(z, sd * random.normal(rng_key, jnp.shape(z), z.dtype))
+    p = sd * random.normal(rng_key, jnp.shape(z), z.dtype)
+    return NOGINUpdateState(z, p, average)
 
 
 def nogin_step(
@@ -280,7 +440,11 @@ def nogin_step(
         form ``covariance`` names, or ``None`` for exact gradients).
     :param float step_size: h.
     :param float friction: :math:`\gamma`.
-    :param str covariance: ``"lowrank"``, ``"diag"`` or ``"full"``.
+    :param str covariance: ``"lowrank"``, ``"diag"``, ``"full"`` or
+        ``"lowrank+diag"``: with the last, ``noise_cov`` is a factor B, shape
+        ``(d, m)``, of an unbiased estimate :math:`BB^\top` drawn apart from
+        the force, which enters the state's :class:`NoiseAverage`
+        (:func:`noise_average_update`) before the O-step damps by the average.
     :param mass: diagonal of M, scalar or shape ``(d,)``.
     :param float inverse_temperature: :math:`\beta`.
     :return: ``(NOGINUpdateState, NOGINInfo)``.
@@ -298,9 +462,11 @@ def nogin_step(
     """
     z = nogin_drift(state.z, state.p, step_size, mass)
     estimate = estimate_fn(z)
-    noise = estimate.noise_cov
+    noise, average = estimate.noise_cov, state.average
     if noise is None:  # exact gradients: Sigma = 0
         noise, covariance = jnp.zeros_like(z), "diag"
+    elif covariance == "lowrank+diag":
+        noise = average = noise_average_update(average, noise)
     p, damping = nogin_kick(
         rng_key,
         state.p,
@@ -312,6 +478,5 @@ def nogin_step(
         mass=mass,
         inverse_temperature=inverse_temperature,
     )
-    return NOGINUpdateState(nogin_drift(z, p, step_size, mass), p), NOGINInfo(
-        estimate, damping
-    )
+    moved = NOGINUpdateState(nogin_drift(z, p, step_size, mass), p, average)
+    return moved, NOGINInfo(estimate, damping)
