@@ -392,7 +392,8 @@ def regression_data():
     [
         ("SGLD", "minibatch", 40, {}),
         ("SGLD", "control_variates", 40, {}),
-        ("NOGIN", "control_variates", 40, {}),  # the full covariance (d = 12)
+        # The full covariance (d = 12): tune's NOGIN form, "per_step".
+        ("NOGIN", "control_variates", 40, dict(covariance="per_step")),
         ("NOGIN", "minibatch", 8, dict(covariance="lowrank")),
         ("NOGIN", "minibatch", 30, dict(covariance="diag")),
     ],

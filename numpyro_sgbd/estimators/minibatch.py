@@ -70,13 +70,8 @@ class MinibatchEstimator(Estimator):
         :func:`resolve_replace` chooses for each plate).
     :param str covariance: ``None`` (default), ``"lowrank"``, ``"diag"`` or
         ``"full"``: also return the noise covariance in that form (implies
-        ``noise``). ``"rows"``: the gradient as without noise, and as
-        ``noise_cov`` the factor B, shape ``(d, m)``, of an unbiased estimate
-        :math:`BB^\\top` of that gradient's noise covariance from
-        ``covariance_rows`` = m per-datum gradients of other indices, drawn
-        apart from the minibatch's (NOGIN's ``"lowrank+diag"``): the minibatch
-        costs a gradient, and the noise m per-datum ones.
-    :param int covariance_rows: m, with ``covariance="rows"``.
+        ``noise``); ``"rows"``: a factor B (d x m) of it from ``covariance_rows``
+        = m other rows.
     :param str per_datum: how the per-datum gradients are formed: ``"vmap"``
         (default) runs the model on each datum of the minibatch alone, vectorized,
         at the cost of about one minibatch gradient plus n evaluations of the
@@ -127,14 +122,7 @@ class MinibatchEstimator(Estimator):
         local=None,
         covariance_rows=None,
     ):
-        noise = _checked_noise(plates, noise, covariance, per_datum)
-        if covariance == "rows" and not (
-            isinstance(covariance_rows, int) and covariance_rows >= 2
-        ):
-            raise ValueError(
-                "covariance='rows' needs covariance_rows, the number of rows a "
-                f"noise estimate reads, an int >= 2; got {covariance_rows!r}."
-            )
+        noise = _checked_noise(plates, noise, covariance, per_datum, covariance_rows)
         #: ``{name: LocalSite}`` of the latent sites inside the plate, whose N
         #: rows z holds (:mod:`~numpyro_sgbd.local_sites`); empty without.
         self.local = dict(local or {})
@@ -143,11 +131,11 @@ class MinibatchEstimator(Estimator):
         self.noise = noise
         self.replace = replace
         self.covariance = covariance
+        self.covariance_rows = covariance_rows if covariance == "rows" else None
         self.per_datum = per_datum
         self.pullback = pullback
         self.sharding = sharding
         self.noise_rows, self.enumerate_dim = noise_rows, enumerate_dim
-        self.covariance_rows = covariance_rows
         #: The estimator on one shard (``None`` without sharding).
         self.shard = None
         if sharding is not None:
@@ -165,8 +153,7 @@ class MinibatchEstimator(Estimator):
                 noise_rows=noise_rows,
                 enumerate_dim=enumerate_dim,
                 local=shard_sites(self.local, sharding.local_size),
-                covariance_rows=covariance_rows
-                and max(2, covariance_rows // sharding.num_shards),
+                covariance_rows=_per_shard(covariance_rows, sharding),
             )
 
     #: Per-datum gradients are formed in chunks of at most this many floats
@@ -188,19 +175,7 @@ class MinibatchEstimator(Estimator):
 
     def draw(self, rng_key):
         """Fresh indices ``{plate name: indices}`` for every subsample plate."""
-        if self.covariance == "rows":  # the noise's rows, apart from the force's
-            rng_key, key_rows = random.split(rng_key)
-        keys = random.split(rng_key, max(len(self.plates), 1))
-        indices = {
-            name: draw_indices(key, size=size, subsample_size=n, replace=self.replace)
-            for key, (name, (size, n, _)) in zip(keys, self.plates.items())
-        }
-        if self.covariance == "rows":
-            ((size, _, _),) = self.plates.values()
-            indices[NOISE_ROWS] = draw_indices(
-                key_rows, size, self.covariance_rows, replace=self.replace
-            )
-        return indices
+        return _draw(rng_key, self.plates, self.replace, self.covariance_rows)
 
     def terms(self, z, indices, model_args, model_kwargs, with_terms=None, local=None):
         """(potential estimate, scaled per-datum log-likelihood terms h_i or None).
@@ -305,7 +280,7 @@ class MinibatchEstimator(Estimator):
             apart = partial(self._at_z, indices=indices, model_args=model_args)
             apart = partial(apart, model_kwargs=model_kwargs)
         if self.covariance == "rows" and self.plates:
-            return self._apart(terms, z, indices, centre)
+            return _apart(terms, z, indices, centre, self.plates, self.enumerate_dim)
         if not self.noise or not self.plates:
             if centre is not None:
                 return parts_difference(apart(z), apart(centre))
@@ -329,23 +304,6 @@ class MinibatchEstimator(Estimator):
             return _by_vmap_pair(one, z, centre, indices[name], n)
         return _by_vmap(one, z, indices[name], n)
 
-    def _apart(self, terms, z, indices, centre):
-        """:meth:`_at_z` with ``covariance="rows"``: the minibatch's potential and
-        gradient (minus the centre's), and the per-datum gradients of the
-        noise's own indices, scaled as the minibatch's rows are."""
-        ((name, (_, n, _)),) = self.plates.items()
-        indices = dict(indices)
-        idx = indices.pop(NOISE_ROWS)
-        value_and_grad = jax.value_and_grad(partial(_potential, terms, indices))
-        value, grad = value_and_grad(z)
-        one = partial(_datum_potential, terms, name)
-        one = one if self.enumerate_dim is None else without_static_gathers(one)
-        if centre is None:
-            return value, grad, _by_vmap(one, z, idx, n)[2]
-        value_c, grad_c = value_and_grad(centre)
-        grad = jax.tree.map(jnp.subtract, grad, grad_c)
-        return value - value_c, grad, _by_vmap_pair(one, z, centre, idx, n)[2]
-
     def summarise(self, value, grad, per_datum_grads, axis_name=None):
         """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
         noise statistics of the n per-datum gradients (rows of
@@ -364,13 +322,10 @@ class MinibatchEstimator(Estimator):
             return GradientEstimate(grad, jax.tree.map(jnp.zeros_like, grad), value)
         ((size, n, _),) = self.plates.values()
         factor = noise_variance_factor(size, n, replace=self.replace)
-        form, rows = self.covariance, n
-        if form == "rows":  # B from the noise's own m rows
-            form, rows = "lowrank", self.covariance_rows
-        noise_sd, cov = noise_statistics(
-            per_datum_grads, rows, factor, form, total, gather
-        )
-        return GradientEstimate(grad, noise_sd, value, cov)
+        apart = self.covariance == "rows"  # B from the noise's own m rows
+        form, m = ("lowrank", self.covariance_rows) if apart else (self.covariance, n)
+        sd, cov = noise_statistics(per_datum_grads, m, factor, form, total, gather)
+        return GradientEstimate(grad, sd, value, cov)
 
     def full_data_parts(self, model_args=(), model_kwargs=None, chunk_size=4096):
         """``(run, arrays)``: :meth:`full_data` is ``run(z, arrays)``, jitted, with
@@ -394,16 +349,63 @@ class MinibatchEstimator(Estimator):
         return run, arrays
 
 
+def _per_shard(rows, sharding):
+    """``covariance_rows`` on each shard of ``sharding`` (at least 2)."""
+    return rows and max(2, rows // sharding.num_shards)
+
+
+def _draw(rng_key, plates, replace, rows=None):
+    """Indices ``{plate name: indices}`` for every subsample plate, and with
+    ``rows`` that many more under :data:`NOISE_ROWS`, drawn apart."""
+    if rows is not None:  # the noise's rows, apart from the force's
+        rng_key, key_rows = random.split(rng_key)
+    keys = random.split(rng_key, max(len(plates), 1))
+    indices = {
+        name: draw_indices(key, size=size, subsample_size=n, replace=replace)
+        for key, (name, (size, n, _)) in zip(keys, plates.items())
+    }
+    if rows is not None:
+        ((size, _, _),) = plates.values()
+        indices[NOISE_ROWS] = draw_indices(key_rows, size, rows, replace=replace)
+    return indices
+
+
+def _apart(terms, z, indices, centre, plates, enumerate_dim):
+    """``covariance="rows"``'s ``(potential, gradient, rows)``: the minibatch's
+    potential and gradient (minus the centre's), and the per-datum gradients
+    of the noise's own indices, scaled as the minibatch's rows are."""
+    ((name, (_, n, _)),) = plates.items()
+    indices = dict(indices)
+    idx = indices.pop(NOISE_ROWS)
+    value_and_grad = jax.value_and_grad(partial(_potential, terms, indices))
+    value, grad = value_and_grad(z)
+    one = partial(_datum_potential, terms, name)
+    one = one if enumerate_dim is None else without_static_gathers(one)
+    if centre is None:
+        return value, grad, _by_vmap(one, z, idx, n)[2]
+    value_c, grad_c = value_and_grad(centre)
+    grad = jax.tree.map(jnp.subtract, grad, grad_c)
+    return value - value_c, grad, _by_vmap_pair(one, z, centre, idx, n)[2]
+
+
 def _evaluate_on(est, indices, z, model_args, model_kwargs):
     """:meth:`MinibatchEstimator.evaluate` in :meth:`~MinibatchEstimator.map_shards`'
     argument order (each shard's estimator on its own indices)."""
     return est.evaluate(z, indices, model_args, model_kwargs)
 
 
-def _checked_noise(plates, noise, covariance, per_datum):
+def _checked_noise(plates, noise, covariance, per_datum, covariance_rows=None):
     """Whether the noise is estimated (asked for, or implied by a covariance
     form), after checking the options: ``per_datum`` and ``covariance`` name
-    known forms, and the noise has one plate to come from."""
+    known forms (``"rows"`` with ``covariance_rows``), and the noise has one
+    plate to come from."""
+    if covariance == "rows" and not (
+        isinstance(covariance_rows, int) and covariance_rows >= 2
+    ):
+        raise ValueError(
+            "covariance='rows' needs covariance_rows, the number of rows a "
+            f"noise estimate reads, an int >= 2; got {covariance_rows!r}."
+        )
     if per_datum not in ("vmap", "jacobian"):
         raise ValueError(f"per_datum must be 'vmap' or 'jacobian', got {per_datum!r}.")
     if covariance not in (None, "lowrank", "diag", "full", "rows"):

@@ -19,7 +19,7 @@ from numpyro_sgbd.samplers.momentum import (
     SGNHTKernelState,
 )
 from numpyro_sgbd.samplers.nogin import *  # noqa: F403
-from numpyro_sgbd.samplers.nogin import (
+from numpyro_sgbd.samplers.nogin_forms import (
     MAX_COVARIANCE_BYTES,
     MAX_RANK,
     choose_covariance,

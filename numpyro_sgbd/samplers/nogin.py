@@ -14,17 +14,15 @@ import numpy as np
 
 from numpyro_sgbd import monitoring
 from numpyro_sgbd.discretisation import BiasLaw
-from numpyro_sgbd.kernel import SGKernel, logger
+from numpyro_sgbd.kernel import SGKernel
 from numpyro_sgbd.options import _check_positive, _check_positive_tree
-from numpyro_sgbd.setup import dimension
+from numpyro_sgbd.samplers.nogin_forms import choose_rank, noise_form
 from numpyro_sgbd.spec import RunChecks, SamplerSpec, flat_per_site
 from numpyro_sgbd.updates import (
     COVARIANCES,
     nogin_damp,
 )
 from numpyro_sgbd.updates.nogin import (
-    NOISE_ROWS_PER_STEP,
-    NOISE_WINDOW,
     NOGINUpdateState,
     NoiseAverage,
     nogin_init,
@@ -154,78 +152,6 @@ def _mean_noise_sd(noise, covariance, dtype):
     return jnp.mean(jnp.sqrt(var)) if var.size else jnp.zeros((), noise.dtype)
 
 
-#: Largest noise-covariance matrix (d x d for "full", n x n inside "lowrank") that
-#: ``covariance="auto"`` forms per chain, in bytes of float32.
-MAX_COVARIANCE_BYTES = 2**30
-
-
-#: The rank of ``"lowrank+diag"``'s running estimate at most (``rank=None``).
-MAX_RANK = 32
-
-
-def choose_rank(d, rank=None):
-    """The rank of ``"lowrank+diag"``'s average over ``d`` coordinates: the
-    given ``rank``, else ``min(d, MAX_RANK)`` (exact where d <= MAX_RANK)."""
-    return min(d, MAX_RANK) if rank is None else min(int(rank), d)
-
-
-def choose_covariance(d, n, size=None):
-    """NOGIN's covariance form for ``d`` coordinates, minibatches of ``n`` of
-    ``size`` data: ``(form, reason)``.
-
-    ``"lowrank+diag"`` where there is noise: a running estimate averaged over
-    the last :data:`~numpyro_sgbd.updates.nogin.NOISE_WINDOW` steps from
-    :data:`~numpyro_sgbd.updates.nogin.NOISE_ROWS_PER_STEP` per-datum
-    gradients a step drawn apart from the force's minibatch, kept as its
-    exact diagonal and its ``min(d, 32)`` leading directions. A step costs a
-    minibatch gradient, those few per-datum gradients and
-    :math:`O(d (r + m)^2)`, where a per-minibatch covariance costs n per-datum
-    gradients and a factorisation (:func:`per_step_covariance`). Without
-    subsampling (n = 0) the noise is zero: ``"diag"``.
-
-    >>> choose_covariance(21, 1000, 10**5)[0], choose_covariance(5000, 100)[0]
-    ('lowrank+diag', 'lowrank+diag')
-    """
-    if n == 0:
-        return "diag", "no subsample plate: exact gradients, no noise"
-    if size is not None and size < 2:
-        return per_step_covariance(d, n)
-    rank = choose_rank(d)
-    what = "exact" if rank == d else f"its diagonal and {rank} leading directions"
-    return "lowrank+diag", (
-        f"d = {d}, n = {n}: the covariance averaged over {NOISE_WINDOW} steps of "
-        f"{NOISE_ROWS_PER_STEP} rows apart from the force's ({what}): "
-        f"O(d (r + m)^2) a step, no d x d factorisation"
-    )
-
-
-def per_step_covariance(d, n):
-    """The covariance form estimated afresh from each minibatch, for ``d``
-    coordinates and minibatches of ``n`` (``noise_estimate="same"``):
-    ``(form, reason)``.
-
-    A step costs :math:`O(dn^2 + n^3)` in the ``"lowrank"`` form (the d x n factor
-    and an n x n solve) and :math:`O(d^2 n + d^3)` in the ``"full"`` form (the d x d
-    matrix and its eigendecomposition), so the low-rank form is the cheaper exactly
-    when n < d. Where the cheaper form's square matrix would pass
-    :data:`MAX_COVARIANCE_BYTES`, ``"diag"`` (:math:`O(dn)`, an approximation) is
-    chosen instead. Without subsampling (n = 0) the noise is zero: ``"diag"``.
-
-    >>> per_step_covariance(21, 1000)[0], per_step_covariance(1000, 100)[0]
-    ('full', 'lowrank')
-    """
-    if n == 0:
-        return "diag", "no subsample plate: exact gradients, no noise"
-    form, side = ("lowrank", n) if n < d else ("full", d)
-    if 4 * side**2 > MAX_COVARIANCE_BYTES:
-        return "diag", (
-            f"d = {d}, n = {n}: the {form} form's {side} x {side} matrix would take "
-            f"{4 * side**2 / 2**30:.1f} GiB per chain; the diagonal approximation "
-            "instead"
-        )
-    return form, f"d = {d}, n = {n}: O(d n^2 + n^3) against O(d^2 n + d^3) a step"
-
-
 def _nogin_family_step(
     rng_key, aux, estimate_fn, step_size, *, estimate, variant, noise_sd, **kwargs
 ):
@@ -289,9 +215,10 @@ def _check_nogin(args):
     _check_positive(args["friction"], "friction")
     _check_positive(args["inverse_temperature"], "inverse_temperature")
     _check_positive_tree(mass, "mass")
-    if covariance not in COVARIANCES + ("auto",):
+    if covariance not in COVARIANCES + ("auto", "per_step"):
         raise ValueError(
-            f"covariance must be 'auto' or one of {COVARIANCES}, got {covariance!r}."
+            f"covariance must be 'auto', 'per_step' or one of {COVARIANCES}, got "
+            f"{covariance!r}."
         )
     noise_estimate = args["noise_estimate"]
     if noise_estimate not in ("auto", "same", "independent"):
@@ -339,28 +266,6 @@ def _check_nogin(args):
     names = ("friction", "mass", "inverse_temperature", "covariance", "rank")
     names += ("noise_estimate",)
     return {name: args[name] for name in names}
-
-
-def _noise_form(hyper, variant, shapes, plates, source):
-    """The covariance form: as given; with ``"auto"``, ``"diag"`` for exact
-    gradients (a potential), else chosen by d and n once the model is traced
-    (``"auto"`` before): :func:`choose_covariance`, or with
-    ``noise_estimate="same"`` :func:`per_step_covariance`."""
-    covariance = hyper["covariance"]
-    if covariance != "auto":
-        return covariance
-    if source != "model":
-        return "diag"
-    if shapes is None:
-        return "auto"
-    n = max((plate[1] for plate in plates.values()), default=0)
-    size = min((plate[0] for plate in plates.values()), default=None)
-    if hyper["noise_estimate"] == "same" and n:
-        covariance, why = per_step_covariance(dimension(shapes), n)
-    else:
-        covariance, why = choose_covariance(dimension(shapes), n, size)
-    logger.info("NOGIN: covariance=%r (%s).", covariance, why)
-    return covariance
 
 
 def _resolve(hyper, shapes, one_z, preconditioned, args):
@@ -545,7 +450,7 @@ NOGIN_SPEC = SamplerSpec(
     # is then its Monte Carlo error.
     bias_laws={"vanilla": BiasLaw(0.0, 0.0, 1, 0.415, 1.0)},
     resolve=_resolve,
-    noise_form=_noise_form,
+    noise_form=noise_form,
     check_probe=_check_probe,
     family_options=_family_options,
     allowed=_allowed,
@@ -636,6 +541,8 @@ class NOGIN(SGKernel):
     :param str covariance: ``"auto"`` (default: ``"lowrank+diag"`` with
         gradient noise, ``"diag"`` without; with ``noise_estimate="same"``
         :func:`~numpyro_sgbd.samplers.per_step_covariance`'s choice),
+        ``"per_step"`` (that choice; ``tune`` uses it: its arms of traced
+        subsample sizes estimate the noise from each arm's own rows),
         ``"lowrank+diag"``, ``"lowrank"``, ``"full"`` or ``"diag"``. With
         ``gradient_fn`` name the form it returns (for ``"lowrank+diag"``, a
         factor B, shape ``(d, m)``, of an estimate drawn apart from the

@@ -112,7 +112,17 @@ def check_settings(given):
 
 def _sampler_entry(entry):
     """``(name, factory)`` of a ``samplers`` entry: a name, a sampler class or a
-    ``functools.partial`` of one."""
+    ``functools.partial`` of one; NOGIN without a ``covariance`` gets
+    ``"per_step"`` (the arms' traced subsample sizes form each estimate's noise
+    from its own rows, :class:`~numpyro_sgbd.tuning.sizes.SizedEstimator`)."""
+    name, factory = _named_entry(entry)
+    keywords = factory.keywords if isinstance(factory, functools.partial) else {}
+    if name == "NOGIN" and "covariance" not in keywords:
+        factory = functools.partial(factory, covariance="per_step")
+    return name, factory
+
+
+def _named_entry(entry):
     if isinstance(entry, str):
         if entry not in SAMPLERS:
             raise ValueError(

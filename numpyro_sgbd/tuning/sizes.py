@@ -135,6 +135,12 @@ class SizedEstimator:
         self.rows, self.chunk, self.columns = rows, chunk, columns
         self.noise = self.plain.noise if noise is None else noise
         self.covariance = self.plain.covariance if covariance == "" else covariance
+        if self.covariance == "rows":
+            raise ValueError(
+                "A traced subsample size forms the noise from the arm's own rows: "
+                "NOGIN's covariance='lowrank+diag' draws others. Tune NOGIN with "
+                "covariance='per_step' (tune's default for it)."
+            )
 
     def initial_centre(self, z, model_args=(), model_kwargs=None):
         return self.source.initial_centre(z, model_args, model_kwargs)
