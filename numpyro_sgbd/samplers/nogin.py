@@ -158,7 +158,6 @@ def _nogin_family_step(
     """:func:`~numpyro_sgbd.updates.nogin.nogin_step` as a family step: it
     estimates the force itself, at the half step, and returns that estimate."""
     del estimate, variant, noise_sd  # NOGIN damps by the force's own covariance
-    kwargs.pop("rank", None)
     aux, info = nogin_step(rng_key, aux, estimate_fn, step_size, **kwargs)
     estimate = info.estimate
     if aux.average is not None and estimate.noise_cov is not None:
@@ -292,7 +291,11 @@ def _family_options(step_kwargs, noise_form, independent):
         init_kwargs["rank"] = step_kwargs["rank"]
     return {
         "init_kwargs": init_kwargs,
-        "step_kwargs": {**step_kwargs, "covariance": noise_form},
+        # rank sizes the state at init; the step reads it from there.
+        "step_kwargs": {
+            **{k: v for k, v in step_kwargs.items() if k != "rank"},
+            "covariance": noise_form,
+        },
         "keeps_gradient": False,
         "independent_noise": independent and not averaged,
         "rows_first": True,

@@ -232,8 +232,9 @@ def nogin_damp(
 
     The per-minibatch forms use a single LAPACK decomposition per step: with a
     linear solve and a separate eigenvalue routine in one step, XLA on the CPU
-    (jaxlib 0.8, two cores) deadlocked under ``chain_method="vectorized"``.
-    ``"lowrank+diag"``'s Cholesky factorisations run vectorized (jaxlib 0.10).
+    (jaxlib 0.10, two cores) deadlocked under ``chain_method="vectorized"``.
+    ``"lowrank+diag"``'s QR and Cholesky factorisations ran vectorized
+    (``tests/test_nogin.py``, 2,048 chains).
 
     :param p: momentum, shape ``(d,)``.
     :param noise: :math:`\Sigma` in the form ``covariance`` names.
