@@ -497,7 +497,7 @@ class NOGIN(SGKernel):
     (``covariance="lowrank+diag"``): every step adds
     :math:`BB^\top`, B = :math:`\sqrt{c/(m-1)}(G_m-\bar G_m)^\top` from the
     per-datum gradients :math:`G_m` of m = 8 rows drawn apart from the force's
-    minibatch (c for the force's n), to a moving average over about 100 steps,
+    minibatch (c for the force's n), to a moving average over about 500 steps,
     kept as its exact diagonal plus its ``rank`` leading directions
     (:func:`~numpyro_sgbd.updates.noise_average_update`); the O-step solves by
     the Woodbury identity. A step costs a minibatch gradient, 8 per-datum ones
