@@ -1,0 +1,134 @@
+"""Neural networks from ``numpyro.contrib.module`` as models (issue 62): a Flax
+linen, a Flax NNX and an Equinox network whose parameters are the model's
+latent sites, with the data in a subsample plate, run under every kernel's
+default path, and their draws predict through the same model code.
+
+(Whether the default path's predictive agrees with NUTS's is not tested here
+yet: on this network it does not, see benchmarks/results.md, issue 62.)
+"""
+
+import warnings
+
+import jax
+from jax import random
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from numpyro.contrib.module import (
+    random_eqx_module,
+    random_flax_module,
+    random_nnx_module,
+)
+import numpyro.distributions as dist
+from numpyro.infer import MCMC, Predictive
+import pytest
+
+from numpyro_sgbd import NOGIN, SGBD, SGHMC, SGLD
+
+eqx = pytest.importorskip("equinox")
+linen = pytest.importorskip("flax.linen")
+nnx = pytest.importorskip("flax.nnx")
+
+WIDTH = 4  # 2 inputs, 4 tanh units, 1 output: 17 weights
+N, N_TEST = 1000, 8
+NOISE = 0.3
+
+
+class LinenMLP(linen.Module):
+    @linen.compact
+    def __call__(self, x):
+        return linen.Dense(1)(jnp.tanh(linen.Dense(WIDTH)(x)))[..., 0]
+
+
+class NNXMLP(nnx.Module):
+    def __init__(self, rngs):
+        self.hidden = nnx.Linear(2, WIDTH, rngs=rngs)
+        self.out = nnx.Linear(WIDTH, 1, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(jnp.tanh(self.hidden(x)))[..., 0]
+
+
+def _linen(prior):
+    return random_flax_module("net", LinenMLP(), prior, input_shape=(1, 2))
+
+
+def _nnx(prior):
+    return random_nnx_module("net", NNXMLP(nnx.Rngs(0)), prior)
+
+
+def _eqx(prior):
+    mlp = eqx.nn.MLP(2, "scalar", WIDTH, 1, activation=jnp.tanh, key=random.key(0))
+    net = random_eqx_module("net", mlp, prior)
+    return jax.vmap(net)
+
+
+LIBRARIES = {"flax.linen": _linen, "flax.nnx": _nnx, "equinox": _eqx}
+
+
+def network_model(library):
+    """A regression on a 2-4-1 tanh network built by ``library``'s random
+    module, N(0, 1) weights, its data in a subsample plate."""
+    build = LIBRARIES[library]
+
+    def model(X, y=None, subsample_size=100):
+        net = build(dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", X.shape[0], subsample_size=subsample_size):
+            x = numpyro.subsample(X, event_dim=1)
+            mu = numpyro.deterministic("mu", net(x))
+            obs = None if y is None else numpyro.subsample(y, event_dim=0)
+            numpyro.sample("y", dist.Normal(mu, NOISE), obs=obs)
+
+    return model
+
+
+@pytest.fixture(scope="module")
+def data():
+    k1, k2, k3 = random.split(random.key(0), 3)
+    X = random.normal(k1, (N + N_TEST, 2))
+    y = jnp.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + NOISE * random.normal(k2, (N + N_TEST,))
+    X, y = np.asarray(X, np.float32), np.asarray(y, np.float32)
+    return X[:N], y[:N], X[N:]
+
+
+def _run(kernel, X, y, num_warmup, num_samples, seed=1):
+    mcmc = MCMC(
+        kernel, num_warmup=num_warmup, num_samples=num_samples, progress_bar=False
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run(random.key(seed), X, y)
+    return mcmc, [str(w.message) for w in caught]
+
+
+KERNELS = {"SGLD": SGLD, "SGBD": SGBD, "SGHMC": SGHMC, "NOGIN": NOGIN}
+# The default run keeps one kernel a library; every pair runs with -m slow.
+DEFAULT_PAIRS = {("flax.linen", "SGLD"), ("flax.nnx", "NOGIN"), ("equinox", "SGBD")}
+
+
+@pytest.mark.parametrize(
+    "library, kernel",
+    [
+        pytest.param(
+            lib,
+            k,
+            marks=() if (lib, k) in DEFAULT_PAIRS else pytest.mark.slow,
+        )
+        for lib in LIBRARIES
+        for k in KERNELS
+    ],
+)
+def test_a_module_network_runs_under_the_default_path(data, library, kernel):
+    X, y, X_test = data
+    model = network_model(library)
+    mcmc, _ = _run(KERNELS[kernel](model), X, y, 200, 200)
+    samples = mcmc.get_samples()
+    weights = {k: v for k, v in samples.items() if k.startswith("net/")}
+    assert sum(int(np.prod(v.shape[1:])) for v in weights.values()) == 17
+    for v in weights.values():
+        assert np.all(np.isfinite(np.asarray(v)))
+    # The draws make predictions through the same model code.
+    pred = Predictive(model, weights, return_sites=["mu"])(
+        random.key(2), X_test, subsample_size=None
+    )["mu"]
+    assert pred.shape == (200, N_TEST) and np.all(np.isfinite(np.asarray(pred)))
