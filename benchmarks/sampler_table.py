@@ -227,9 +227,9 @@ def problem(name, quick):
         return dict(
             model=model,
             args=(cols, vals, y, d - 1, n),
-            # reference_posterior's defaults: Laplace-whitened with a dense
-            # mass (the other problems' reference), 2 x 1,500 NUTS draws ran
-            # for over 15 minutes here.
+            # reference_posterior's own defaults (diagonal mass): with the
+            # other problems' settings (the Laplace whitening, a dense mass)
+            # its 2 x 1,500 NUTS draws had not finished after 15 minutes.
             reference=dict(
                 num_warmup=500, num_samples=1000, laplace="auto", dense_mass=False
             ),
