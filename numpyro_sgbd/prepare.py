@@ -47,6 +47,7 @@ __all__ = [
     "LOG_LIKELIHOOD_ALL_ROWS",
     "LogLikelihoodSubsetWarning",
     "ModelInfo",
+    "NetworkWarning",
     "Prepared",
     "Programs",
     "Request",
@@ -57,6 +58,7 @@ __all__ = [
     "find_setup",
     "has_tracer",
     "model_rows",
+    "network_modules",
     "prepare",
     "trace_model",
 ]
@@ -134,6 +136,8 @@ class ModelInfo(NamedTuple):
     :ivar dict local: ``{name: LocalSite}`` of the latent sites inside the
         subsample plate, sampled row by row (:mod:`~numpyro_sgbd.local_sites`);
         not in ``shapes``.
+    :ivar tuple modules: the names of the neural networks the model builds with
+        ``numpyro.contrib.module``'s random modules (:func:`network_modules`).
     """
 
     plates: dict
@@ -141,6 +145,22 @@ class ModelInfo(NamedTuple):
     deterministic: tuple
     enumerate_dim: Any = None
     local: Any = None
+    modules: tuple = ()
+
+
+def network_modules(trace, shapes):
+    """The names of the networks ``numpyro.contrib.module``'s random modules
+    (``random_flax_module``, ``random_nnx_module``, ``random_eqx_module``) build
+    in ``trace``: each registers its parameters as a param site
+    ``'<name>$params'`` and samples them as latent sites ``'<name>/...'``."""
+    names = []
+    for site_name, site in trace.items():
+        if site["type"] != "param" or not site_name.endswith("$params"):
+            continue
+        prefix = site_name[: -len("$params")]
+        if any(latent.startswith(prefix + "/") for latent in shapes):
+            names.append(prefix)
+    return tuple(names)
 
 
 def _read_sites(trace, plates):
@@ -212,10 +232,11 @@ def trace_model(model, model_args, model_kwargs):
         if validate is not None:
             validate(trace, plate_warning="loose")
         plates = subsample_plates(trace)
-        found["out"] = (plates, *_read_sites(trace, plates))
+        sites = _read_sites(trace, plates)
+        found["out"] = (plates, *sites, network_modules(trace, sites[1]))
 
     jax.eval_shape(structure)
-    plates, dims, shapes, deterministic, enumerate_dim, local = found["out"]
+    plates, dims, shapes, deterministic, enumerate_dim, local, modules = found["out"]
     if not plates:
         warnings.warn(
             "The model has no subsampled plate, so every step uses the full data "
@@ -225,7 +246,7 @@ def trace_model(model, model_args, model_kwargs):
             stacklevel=5,
         )
     plates = {name: (size, n, dims.get(name)) for name, (size, n) in plates.items()}
-    return ModelInfo(plates, shapes, deterministic, enumerate_dim, local)
+    return ModelInfo(plates, shapes, deterministic, enumerate_dim, local, modules)
 
 
 #: Rows of a subsample plate up to which a kernel's :attr:`~numpyro_sgbd.SGBD.model`
@@ -498,6 +519,27 @@ def check_local(local, gradient, sharding, who):
         )
 
 
+class NetworkWarning(UserWarning):
+    """The default path (a start and preconditioner from the full-data mode) on a
+    model that builds a neural network with ``numpyro.contrib.module``."""
+
+
+def _warn_network(who, modules):
+    names = ", ".join(f"'{m}'" for m in modules)
+    warnings.warn(
+        f"{who}: the model builds the network(s) {names} with "
+        "numpyro.contrib.module. A network's posterior has many modes, and the "
+        "default path starts, whitens and centres its control variates at the "
+        "one mode its search finds: the chain samples around that mode. On a "
+        "17-weight network the default path's predictive sds were 0.4-1.0 x "
+        "NUTS's over all modes (benchmarks/results.md, issue 62). Treat the "
+        "spread as that of one mode, or run several chains from different "
+        "starts (init_params) with a step_size and preconditioner='none'.",
+        NetworkWarning,
+        stacklevel=6,
+    )
+
+
 def find_setup(setup, model, model_args, model_kwargs, info, request, traced):
     """``setup`` with the full-data mode and the preconditioner built from the
     Hessian there (:func:`~numpyro_sgbd.setup.find_preconditioner`; with local
@@ -514,6 +556,8 @@ def find_setup(setup, model, model_args, model_kwargs, info, request, traced):
             "runs inside jax.jit or another transform). Give step_size with "
             "preconditioner='none', or run MCMC outside the transform."
         )
+    if info.modules:
+        _warn_network(request.who, info.modules)
     options = dict(
         who=request.who, chunk_size=request.centre.chunk_size, last_mode=setup.mode
     )
