@@ -532,7 +532,8 @@ def _warn_network(who, modules):
         "default path starts, whitens and centres its control variates at the "
         "one mode its search finds: the chain samples around that mode. On a "
         "17-weight network the default path's predictive sds were 0.4-1.0 x "
-        "NUTS's over all modes (benchmarks/results.md, issue 62). Treat the "
+        "NUTS's, whose chains found more than one mode (benchmarks/results.md, "
+        "issue 62). Treat the "
         "spread as that of one mode, or run several chains from different "
         "starts (init_params) with a step_size and preconditioner='none'.",
         NetworkWarning,
