@@ -24,13 +24,20 @@ from numpyro_sgbd.updates.nogin import (
 pytestmark = pytest.mark.heavy
 
 
-def test_lowrank_woodbury_equals_dense_solve_equals_diag():
-    rng = np.random.default_rng(0)
-    d, k = 7, 3
+def _damping_inputs(rng, d, k):
+    """A momentum, a diagonal mass, a d x k noise factor and the O-step's
+    arguments (h = 0.7, lambda = 0.4, beta = 1.3) for the damping tests."""
     p = jnp.asarray(rng.normal(size=d), jnp.float32)
     mass = jnp.asarray(rng.uniform(0.5, 2.0, size=d), jnp.float32)
     factor = jnp.asarray(rng.normal(size=(d, k)), jnp.float32)
     kwargs = dict(step_size=0.7, lam=0.4, mass=mass, inverse_temperature=1.3)
+    return p, mass, factor, kwargs
+
+
+def test_lowrank_woodbury_equals_dense_solve_equals_diag():
+    rng = np.random.default_rng(0)
+    d, k = 7, 3
+    p, mass, factor, kwargs = _damping_inputs(rng, d, k)
     low, low_top = nogin_damp(p, factor, covariance="lowrank", **kwargs)
     full, full_top = nogin_damp(p, factor @ factor.T, covariance="full", **kwargs)
     # Reference: the formula with an explicit inverse, in float64.
@@ -272,14 +279,11 @@ def test_lowrank_plus_diagonal_damping_equals_the_dense_solve():
     # full form on that matrix; its largest eigenvalue is estimated from below.
     rng = np.random.default_rng(1)
     d, r = 9, 3
-    p = jnp.asarray(rng.normal(size=d), jnp.float32)
-    mass = jnp.asarray(rng.uniform(0.5, 2.0, size=d), jnp.float32)
-    factor = jnp.asarray(rng.normal(size=(d, r)), jnp.float32)
+    p, mass, factor, kwargs = _damping_inputs(rng, d, r)
     extra = jnp.asarray(rng.uniform(0.1, 3.0, size=d), jnp.float32)
     average = NoiseAverage(
         extra + jnp.sum(factor**2, 1), factor, jnp.eye(r), jnp.array(1)
     )
-    kwargs = dict(step_size=0.7, lam=0.4, mass=mass, inverse_temperature=1.3)
     low, low_top = nogin_damp(p, average, covariance="lowrank+diag", **kwargs)
     dense = jnp.diag(extra) + factor @ factor.T
     full, full_top = nogin_damp(p, dense, covariance="full", **kwargs)
