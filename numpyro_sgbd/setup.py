@@ -32,9 +32,16 @@ from numpyro_sgbd.mode import (
     public_info,
     search_centre,
 )
+from numpyro_sgbd.mode.network import fit_network
 from numpyro_sgbd.mode.search import hessian_diagonal
 
-__all__ = ["Setup", "find_centre", "find_local_preconditioner", "find_preconditioner"]
+__all__ = [
+    "Setup",
+    "find_centre",
+    "find_local_preconditioner",
+    "find_network_preconditioner",
+    "find_preconditioner",
+]
 
 logger = logging.getLogger("numpyro_sgbd")
 
@@ -160,6 +167,44 @@ def find_local_preconditioner(
     return pre, unravel(mode), (value, unravel(grad)), report, rows
 
 
+def find_network_preconditioner(
+    model, model_args, model_kwargs, facts, *, who, chunk_size
+):
+    """:func:`find_preconditioner` for a model that builds a neural network with
+    ``numpyro.contrib.module`` (``preconditioner="auto"``): the start is a MAP
+    fit by Adam on minibatch gradients and L is diagonal, from the empirical
+    Fisher information there plus the prior's curvature
+    (:func:`~numpyro_sgbd.mode.network.fit_network`): no Newton-CG search, whose
+    mode and Hessian a network's non-convex potential does not give. ``facts``:
+    the model's ``(plates, modules)``. Returns ``(preconditioner, mode,
+    mode_value_grad, info)``, the mode being the fit's end and its potential and
+    gradient one full-data pass."""
+    plates, modules = facts
+    start = time.perf_counter()
+    objective = full_data_objective(
+        model, model_args, model_kwargs, chunk_size=chunk_size
+    )
+    args, kwargs = as_jax_arrays((model_args, model_kwargs))
+    fit = fit_network(model, args, kwargs, plates, objective, modules)
+    value, grad = objective.value_and_grad(fit.x)
+    searched = time.perf_counter()
+    pre = preconditioning.diagonal(fit.x, fit.curvature)
+    info = {
+        "method": "adam",
+        "steps": fit.steps,
+        "potential": float(value),
+        "gradient_norm": float(jnp.linalg.norm(grad)),
+        "floored": fit.floored,
+    }
+    why = (
+        f"a network ({', '.join(modules)}): Adam's MAP fit and the Fisher "
+        "information's diagonal there"
+    )
+    report = _report(who, "diagonal", why, pre, info, start, searched)
+    value_grad = (jnp.asarray(value, fit.x.dtype), objective.unravel(grad))
+    return pre, objective.unravel(fit.x), value_grad, report
+
+
 def _form(form, d):
     """``(form, why)``: the preconditioner's form, chosen by d for ``"auto"``,
     checked for memory where dense."""
@@ -274,7 +319,7 @@ def find_centre(
     if setup.mode is not None:  # found for the preconditioner
         info = {
             "centre": setup.mode,
-            "source": "Newton-CG",
+            "source": _mode_source(setup),
             **setup.adaptation_info["mode_search"],
         }
         potential, grad = setup.mode_value_grad
@@ -282,6 +327,12 @@ def find_centre(
     centre, info = search_centre(model, model_args, model_kwargs, chunk_size)
     potential, grad = full(centre)
     return centre, potential, grad, info
+
+
+def _mode_source(setup):
+    """How the set-up's mode was found, for the centre's report."""
+    method = setup.adaptation_info["mode_search"].get("method")
+    return "Adam (a network's MAP fit)" if method == "adam" else "Newton-CG"
 
 
 def dimension(shapes):
