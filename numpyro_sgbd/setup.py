@@ -168,7 +168,7 @@ def find_local_preconditioner(
 
 
 def find_network_preconditioner(
-    model, model_args, model_kwargs, facts, *, who, chunk_size
+    model, model_args, model_kwargs, facts, *, who, chunk_size, last_mode=None
 ):
     """:func:`find_preconditioner` for a model that builds a neural network with
     ``numpyro.contrib.module`` (``preconditioner="auto"``): the start is a MAP
@@ -176,7 +176,8 @@ def find_network_preconditioner(
     Fisher information there plus the prior's curvature
     (:func:`~numpyro_sgbd.mode.network.fit_network`): no Newton-CG search, whose
     mode and Hessian a network's non-convex potential does not give. ``facts``:
-    the model's ``(plates, modules)``. Returns ``(preconditioner, mode,
+    the model's ``(plates, modules)``; ``last_mode``, a refit's last fit, where
+    Adam starts instead of a prior draw. Returns ``(preconditioner, mode,
     mode_value_grad, info)``, the mode being the fit's end and its potential and
     gradient one full-data pass."""
     plates, modules = facts
@@ -185,7 +186,8 @@ def find_network_preconditioner(
         model, model_args, model_kwargs, chunk_size=chunk_size
     )
     args, kwargs = as_jax_arrays((model_args, model_kwargs))
-    fit = fit_network(model, args, kwargs, plates, objective, modules)
+    last = _flat_last_mode(objective, last_mode)
+    fit = fit_network(model, args, kwargs, plates, objective, modules, start=last)
     value, grad = objective.value_and_grad(fit.x)
     searched = time.perf_counter()
     pre = preconditioning.diagonal(fit.x, fit.curvature)

@@ -5,14 +5,16 @@ default path, and their draws predict through the same model code.
 
 A network's default set-up is Adam's MAP fit and a diagonal L from the Fisher
 information there (:mod:`numpyro_sgbd.mode.network`), checked here against a
-regression whose curvature is known. Its chains mix slowly (the predictions'
-ESS was 2-180 in 4,000-20,000 draws, benchmarks/results.md, issue 62): until
-they mix, the default path says so (``NetworkWarning``), and whether its
-predictive agrees with NUTS's is not tested here yet.
+regression whose curvature is known. On a network small enough for NUTS, the
+default path's predictive is compared with NUTS's within its Monte Carlo error
+(slow): NOGIN's chains agree; SGLD's, SGBD's and SGHMC's do not yet mix
+(strict xfails), which ``NetworkWarning`` says.
 """
 
+from functools import partial
 import warnings
 
+import arviz as az
 import jax
 from jax import random
 import jax.numpy as jnp
@@ -24,7 +26,7 @@ from numpyro.contrib.module import (
     random_nnx_module,
 )
 import numpyro.distributions as dist
-from numpyro.infer import MCMC, Predictive
+from numpyro.infer import MCMC, NUTS, Predictive
 import pytest
 
 from numpyro_sgbd import NOGIN, SGBD, SGHMC, SGLD
@@ -218,3 +220,100 @@ def test_the_fisher_diagonal_from_gradient_noise_matches_a_regressions_curvature
     map_ = np.linalg.solve(precision, X.T.astype(np.float64) @ y / noise**2)
     sd = np.sqrt(np.diag(np.linalg.inv(precision)))
     assert np.all(np.abs(np.asarray(fit.x) - map_) < 0.5 * sd)
+
+
+@pytest.fixture(scope="module")
+def well_posed():
+    """The network's data where NUTS converges (4 chains: R-hat of the
+    predictions 1.000-1.003): N = 2,000 inputs uniform on [-2, 2]^2 and 8
+    held-out inputs inside [-1.5, 1.5]^2, with NUTS's predictions there."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, (2000, 2)).astype(np.float32)
+    f = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1]
+    y = (f + NOISE * rng.standard_normal(2000)).astype(np.float32)
+    X_test = rng.uniform(-1.5, 1.5, (8, 2)).astype(np.float32)
+    model = network_model("equinox")
+    nuts = MCMC(
+        NUTS(partial(model, subsample_size=None)),
+        num_warmup=1000,
+        num_samples=1000,
+        num_chains=4,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    nuts.run(random.key(0), X, y)
+    return X, y, X_test, _predictions(model, nuts, X_test, 4)
+
+
+def _predictions(model, mcmc, X_test, chains):
+    """The network's predictions at ``X_test``, ``(chains, draws, 8)``."""
+    weights = {k: v for k, v in mcmc.get_samples().items() if k.startswith("net/")}
+    mu = Predictive(model, weights, return_sites=["mu"])(
+        random.key(2), X_test, subsample_size=None
+    )["mu"]
+    return np.asarray(mu).reshape(chains, -1, X_test.shape[0])
+
+
+def _agreement(sg, nuts):
+    """``(z of the means, z of the sds)`` of the SG predictions against NUTS's,
+    each difference over its Monte Carlo standard error from the multi-chain
+    bulk ESS (a sd's relative se is about 1 / sqrt(2 ESS) for near-normal
+    predictions), and the SG predictions' R-hat."""
+    out = []
+    for draws in (sg, nuts):
+        ds = az.convert_to_dataset(draws)
+        flat = draws.reshape(-1, draws.shape[-1])
+        ess = np.asarray(az.ess(ds)["x"].values)
+        out.append(
+            (flat.mean(0), flat.std(0), ess, np.asarray(az.rhat(ds)["x"].values))
+        )
+    (m1, s1, e1, rhat), (m2, s2, e2, _) = out
+    z_mean = (m1 - m2) / np.sqrt(s1**2 / e1 + s2**2 / e2)
+    z_sd = (s1 / s2 - 1) / np.sqrt(1 / (2 * e1) + 1 / (2 * e2))
+    return z_mean, z_sd, rhat
+
+
+# On this network NOGIN's chains mix within 4 x 150,000 steps (R-hat of the
+# predictions 1.01-1.03); the others' still disagreed between chains after
+# 4 x 50,000 (R-hat 1.1-1.25, benchmarks/results.md, issue 62).
+SLOW_TO_MIX = pytest.mark.xfail(
+    strict=True, reason="weights mix slowly: R-hat of the predictions 1.1-1.25"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        "NOGIN",
+        pytest.param("SGLD", marks=SLOW_TO_MIX),
+        pytest.param("SGBD", marks=SLOW_TO_MIX),
+        pytest.param("SGHMC", marks=SLOW_TO_MIX),
+    ],
+)
+def test_the_default_predictive_agrees_with_nuts_on_a_network(well_posed, kernel):
+    """The default path's posterior predictive (mean and sd of the predictions
+    at 8 held-out inputs) against NUTS's on the full data: every difference
+    within 3.5 Monte Carlo standard errors (16 of them: under agreement one
+    exceeds that with probability under 16 x 4.7e-4 = 0.0075), with the SG
+    chains' R-hat under 1.05. Checked once against an injected bug: the SG
+    run's likelihood noise 0.33 instead of 0.3 (sds about 10 % wide) gave a
+    mean's z of 3.61 and a sd's of 3.81, and failed."""
+    X, y, X_test, nuts = well_posed
+    model = network_model("equinox")
+    mcmc = MCMC(
+        KERNELS[kernel](model),
+        num_warmup=2000,
+        num_samples=150_000,
+        thinning=75,
+        num_chains=4,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NetworkWarning)
+        mcmc.run(random.key(1), X, y)
+    z_mean, z_sd, rhat = _agreement(_predictions(model, mcmc, X_test, 4), nuts)
+    assert np.all(rhat < 1.05), rhat
+    assert np.all(np.abs(z_mean) < 3.5), z_mean
+    assert np.all(np.abs(z_sd) < 3.5), z_sd

@@ -89,19 +89,26 @@ def fit_network(
     *,
     steps=ADAM_STEPS,
     rng_key=None,
+    start=None,
 ):
     """The start and diagonal curvature of a network model (see the module's
     docstring): Adam's ``steps`` on minibatch gradients, then the Fisher
     information from :data:`FISHER_MINIBATCHES` minibatches' gradient noise plus
     the prior's curvature. ``plates``: the model's one subsample plate
     ``{name: (size, n, dim)}``; ``objective``: its full-data
-    :class:`~numpyro_sgbd.mode.Objective` (the start's structure). A
+    :class:`~numpyro_sgbd.mode.Objective` (the start's structure); ``start``, a
+    flat point to start Adam from instead (a refit's last fit). A
     :class:`NetworkFit`."""
     import optax  # the network path's only use of it
 
     rng_key = random.key(0) if rng_key is None else rng_key
     key_start, key_adam, key_fisher, key_probe = random.split(rng_key, 4)
-    x0 = network_start(model, model_args, model_kwargs, objective, modules, key_start)
+    x0 = start
+    if x0 is None:
+        x0 = network_start(
+            model, model_args, model_kwargs, objective, modules, key_start
+        )
+    x0 = jnp.asarray(x0, objective.x0.dtype)
     unravel = objective.unravel
     ((size, n, _),) = plates.values()
     plain = MinibatchEstimator(model, plates, replace=False)
