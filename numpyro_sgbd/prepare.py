@@ -574,7 +574,9 @@ def find_setup(setup, model, model_args, model_kwargs, info, request, traced):
         who=request.who, chunk_size=request.centre.chunk_size, last_mode=setup.mode
     )
     rows = None
-    if request.preconditioner == "auto" and _network_setup(info):
+    # "diagonal" too: the form the network set-up builds, which tune's winning
+    # kernel names and whose refits would otherwise search by Newton-CG.
+    if request.preconditioner in ("auto", "diagonal") and _network_setup(info):
         pre, mode, value_grad, report = find_network_preconditioner(
             model,
             model_args,

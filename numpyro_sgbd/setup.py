@@ -171,9 +171,9 @@ def find_network_preconditioner(
     model, model_args, model_kwargs, facts, *, who, chunk_size, last_mode=None
 ):
     """:func:`find_preconditioner` for a model that builds a neural network with
-    ``numpyro.contrib.module`` (``preconditioner="auto"``): the start is a MAP
-    fit by Adam on minibatch gradients and L is diagonal, from the empirical
-    Fisher information there plus the prior's curvature
+    ``numpyro.contrib.module`` (``preconditioner="auto"`` or ``"diagonal"``):
+    the start is a MAP fit by Adam on minibatch gradients and L is diagonal,
+    from the empirical Fisher information there plus the prior's curvature
     (:func:`~numpyro_sgbd.mode.network.fit_network`): no Newton-CG search, whose
     mode and Hessian a network's non-convex potential does not give. ``facts``:
     the model's ``(plates, modules)``; ``last_mode``, a refit's last fit, where

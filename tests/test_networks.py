@@ -182,6 +182,17 @@ def test_the_default_path_fits_a_network_by_adam_and_the_fisher_diagonal(data):
     assert fitted < min(float(s) for s in starts)
 
 
+def test_an_explicit_diagonal_preconditioner_gets_the_network_set_up(data):
+    """``preconditioner="diagonal"`` (what ``tune``'s winning kernel names) fits
+    a network as the default does; ``"dense"`` keeps the Newton-CG search."""
+    X, y, _ = data
+    model = network_model("flax.linen")
+    mcmc, _ = _run(SGLD(model, preconditioner="diagonal"), X, y, 20, 20)
+    assert mcmc.sampler.adaptation_info["mode_search"]["method"] == "adam"
+    mcmc, _ = _run(SGLD(model, preconditioner="dense"), X, y, 20, 20)
+    assert "method" not in mcmc.sampler.adaptation_info["mode_search"]
+
+
 def _regression(X, y, noise, prior_sd, n):
     def model(X, y):
         w = numpyro.sample("w", dist.Normal(0.0, prior_sd).expand([X.shape[1]]))
