@@ -32,6 +32,7 @@ from numpyro_sgbd.estimators import (
 )
 from numpyro_sgbd.handlers import SubsamplePlates, sample_trace, subsample_plates
 from numpyro_sgbd.local_sites import local_site
+from numpyro_sgbd.mode.network import NetworkWarning, warn_network
 from numpyro_sgbd.setup import (
     Setup,
     dimension,
@@ -520,29 +521,6 @@ def check_local(local, gradient, sharding, who):
         )
 
 
-class NetworkWarning(UserWarning):
-    """The default path (a start and preconditioner found before sampling) on a
-    model that builds a neural network with ``numpyro.contrib.module``."""
-
-
-def _warn_network(who, modules):
-    names = ", ".join(f"'{m}'" for m in modules)
-    warnings.warn(
-        f"{who}: the model builds the network(s) {names} with "
-        "numpyro.contrib.module. The default path starts at a MAP fit (Adam) "
-        "with a diagonal preconditioner from the Fisher information there, and "
-        "the chain explores around that fit: a network's posterior has many "
-        "modes and its weights mix slowly. On a 17-weight network four NOGIN "
-        "chains of 150,000 steps agreed with NUTS's predictive; SGLD's, SGBD's "
-        "and SGHMC's still disagreed with each other (R-hat of the predictions "
-        "up to 1.32; benchmarks/results.md, issue 62). Judge the run by its "
-        "predictions over several chains (num_chains, different keys), not by "
-        "one chain's weights, and prefer NOGIN.",
-        NetworkWarning,
-        stacklevel=6,
-    )
-
-
 def _network_setup(info):
     """Whether the model gets a network's set-up
     (:func:`~numpyro_sgbd.setup.find_network_preconditioner`): it builds a
@@ -569,7 +547,7 @@ def find_setup(setup, model, model_args, model_kwargs, info, request, traced):
             "preconditioner='none', or run MCMC outside the transform."
         )
     if info.modules:
-        _warn_network(request.who, info.modules)
+        warn_network(request.who, info.modules)
     options = dict(
         who=request.who, chunk_size=request.centre.chunk_size, last_mode=setup.mode
     )

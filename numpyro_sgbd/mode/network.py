@@ -23,6 +23,8 @@ Its set-up is therefore the one stochastic-gradient practice uses:
 scales in, as for any model.
 """
 
+import warnings
+
 import jax
 from jax import random
 from jax.flatten_util import ravel_pytree
@@ -33,7 +35,13 @@ from numpyro.distributions import biject_to
 from numpyro_sgbd.estimators import MinibatchEstimator, noise_variance_factor
 from numpyro_sgbd.handlers import sample_trace
 
-__all__ = ["NetworkFit", "fit_network", "network_start"]
+__all__ = [
+    "NetworkFit",
+    "NetworkWarning",
+    "fit_network",
+    "network_start",
+    "warn_network",
+]
 
 #: Adam's steps to the start, and its first learning rate (decayed by a cosine
 #: to 1% of it over the steps).
@@ -46,6 +54,31 @@ START_SHRINK = 0.1
 #: The curvature's floor, relative to its median: a weight no datum's gradient
 #: moves (a dead unit) under a flat prior would otherwise get an unbounded step.
 CURVATURE_FLOOR = 1e-4
+
+
+class NetworkWarning(UserWarning):
+    """The default path (a start and preconditioner found before sampling) on a
+    model that builds a neural network with ``numpyro.contrib.module``."""
+
+
+def warn_network(who, modules):
+    """Warn (:class:`NetworkWarning`) that ``who``'s default path fits the
+    networks ``modules`` and how far its chains were seen to mix."""
+    names = ", ".join(f"'{m}'" for m in modules)
+    warnings.warn(
+        f"{who}: the model builds the network(s) {names} with "
+        "numpyro.contrib.module. The default path starts at a MAP fit (Adam) "
+        "with a diagonal preconditioner from the Fisher information there, and "
+        "the chain explores around that fit: a network's posterior has many "
+        "modes and its weights mix slowly. On a 17-weight network four NOGIN "
+        "chains of 150,000 steps agreed with NUTS's predictive; SGLD's, SGBD's "
+        "and SGHMC's still disagreed with each other (R-hat of the predictions "
+        "up to 1.32; benchmarks/results.md, issue 62). Judge the run by its "
+        "predictions over several chains (num_chains, different keys), not by "
+        "one chain's weights, and prefer NOGIN.",
+        NetworkWarning,
+        stacklevel=6,
+    )
 
 
 class NetworkFit:
