@@ -30,6 +30,7 @@ from numpyro_sgbd.estimators import (
     jit_once,
     split_arrays,
 )
+from numpyro_sgbd.estimators.minibatch import STREAMED_NOISE_ROWS
 from numpyro_sgbd.handlers import SubsamplePlates, sample_trace, subsample_plates
 from numpyro_sgbd.local_sites import local_site
 from numpyro_sgbd.mode.network import NetworkWarning, warn_network
@@ -340,6 +341,7 @@ def build_estimator(
         noise_rows=rows,
         enumerate_dim=enumerate_dim,
         local=local,
+        streamed_noise_rows=STREAMED_NOISE_ROWS,
     )
 
 

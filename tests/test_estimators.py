@@ -293,6 +293,58 @@ def test_streamed_per_datum_rows_give_the_noise_statistics_of_all_rows(rows):
     assert not np.allclose(a.noise_sd["w"], plain, rtol=0.05)
 
 
+def test_streamed_noise_rows_give_the_sd_of_the_first_rows_and_every_rows_gradient():
+    # With streamed_noise_rows the streamed noise sd comes from the first m rows
+    # of a random-order minibatch (m the multiple of the rows per chunk reaching
+    # it) and the gradient from all n; a sorted draw keeps every row.
+    N, n, dim = 400, 16, 4
+    X = random.normal(random.key(0), (N, dim))
+    y = (random.uniform(random.key(1), (N,)) < 0.5).astype(jnp.float32)
+    z = {"w": random.normal(random.key(2), (dim,)) * 0.3, "s": jnp.array(0.2)}
+    centre = {"w": jnp.zeros(dim), "s": jnp.array(0.0)}
+
+    def pair(replace):
+        whole = MinibatchEstimator(
+            logistic, {"data": (N, n, -1)}, noise=True, replace=replace
+        )
+        some = MinibatchEstimator(
+            logistic,
+            {"data": (N, n, -1)},
+            noise=True,
+            replace=replace,
+            streamed_noise_rows=5,
+        )
+        some.row_budget = 2 * (dim + 1)  # two rows a chunk: m = 6
+        return whole, some
+
+    whole, some = pair(True)
+    indices = some.draw(random.key(3))
+    first = MinibatchEstimator(logistic, {"data": (N, 6, -1)}, noise=True, replace=True)
+    head = {"data": indices["data"][:6]}
+    for at in (None, centre):  # plain, and the control variates' differences
+        est = {}
+        for name, e, idx in (("whole", whole, indices), ("some", some, indices)):
+            est[name] = e.summarise(*e.evaluate(z, idx, (X, y), {}, centre=at))
+        est["first"] = first.summarise(*first.evaluate(z, head, (X, y), {}, at))
+        for site in z:
+            np.testing.assert_allclose(
+                est["some"].z_grad[site], est["whole"].z_grad[site], rtol=1e-5
+            )
+            # Each row is its datum's term scaled by N / (plate's n).
+            ratio = (6 / n) ** 2 * noise_variance_factor(N, n, replace=True)
+            ratio /= noise_variance_factor(N, 6, replace=True)
+            np.testing.assert_allclose(
+                est["some"].noise_sd[site] ** 2,
+                ratio * est["first"].noise_sd[site] ** 2,
+                rtol=1e-4,
+            )
+        assert not np.allclose(est["some"].noise_sd["w"], est["whole"].noise_sd["w"])
+    whole, some = pair(False)  # sorted: every row
+    indices = some.draw(random.key(3))
+    a, b = (e.summarise(*e.evaluate(z, indices, (X, y), {})) for e in (whole, some))
+    np.testing.assert_allclose(b.noise_sd["w"], a.noise_sd["w"], rtol=1e-4)
+
+
 def grouped(g, h, x, y):
     """Group effects read by index: ``alpha``, ``U``, the positive ``tau``
     (through its exp) and ``W`` (scaled by the parameter ``beta`` first) once

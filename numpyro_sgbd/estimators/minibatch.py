@@ -22,6 +22,7 @@ from numpyro_sgbd.estimators.full_data import (
 from numpyro_sgbd.estimators.indices import (
     draw_indices,
     gather_local,
+    in_random_order,
     noise_variance_factor,
     resolve_replace,
 )
@@ -39,7 +40,12 @@ from numpyro_sgbd.estimators.rows import (
 from numpyro_sgbd.estimators.static_gathers import without_static_gathers
 from numpyro_sgbd.handlers import fix_plates, shard_local
 
-__all__ = ["MinibatchEstimator", "NOISE_ROWS"]
+__all__ = ["MinibatchEstimator", "NOISE_ROWS", "STREAMED_NOISE_ROWS"]
+
+#: The kernels' :attr:`MinibatchEstimator.streamed_noise_rows`: a noise sd
+#: from about 32 rows has a relative sd of 1/4 in each coordinate's variance,
+#: and the kernels average it over about ten steps (beta = 0.1).
+STREAMED_NOISE_ROWS = 32
 
 #: The key of the noise's own indices in :meth:`MinibatchEstimator.draw`'s
 #: result with ``covariance="rows"``.
@@ -93,6 +99,14 @@ class MinibatchEstimator(Estimator):
         indices come in random order
         (:func:`~numpyro_sgbd.estimators.indices.in_random_order`); the gradient
         uses every row (:func:`~numpyro_sgbd.preconditioning.noise_rows`).
+    :param int streamed_noise_rows: ``None`` (every row), or, where the
+        per-datum gradients are streamed (n x d floats pass :attr:`row_budget`)
+        for a noise sd, form only the first ``m`` of a minibatch whose indices
+        come in random order: ``m`` the smallest multiple of the rows per chunk
+        that reaches ``streamed_noise_rows`` (every row where that is n or more,
+        or the indices are sorted). The gradient uses every row. At d ~ 10^5
+        (a network) a chunk holds a few rows and streaming all n of them cost
+        about a hundred minibatch gradients a step (:data:`STREAMED_NOISE_ROWS`).
     :param sharding: ``None``, or the
         :class:`~numpyro_sgbd.sharding.DataSharding` of the model's data: every
         estimate and full-data pass then runs shard by shard
@@ -121,6 +135,7 @@ class MinibatchEstimator(Estimator):
         enumerate_dim=None,
         local=None,
         covariance_rows=None,
+        streamed_noise_rows=None,
     ):
         noise = _checked_noise(plates, noise, covariance, per_datum, covariance_rows)
         #: ``{name: LocalSite}`` of the latent sites inside the plate, whose N
@@ -136,6 +151,7 @@ class MinibatchEstimator(Estimator):
         self.pullback = pullback
         self.sharding = sharding
         self.noise_rows, self.enumerate_dim = noise_rows, enumerate_dim
+        self.streamed_noise_rows = streamed_noise_rows
         #: The estimator on one shard (``None`` without sharding).
         self.shard = None
         if sharding is not None:
@@ -154,6 +170,7 @@ class MinibatchEstimator(Estimator):
                 enumerate_dim=enumerate_dim,
                 local=shard_sites(self.local, sharding.local_size),
                 covariance_rows=_per_shard(covariance_rows, sharding),
+                streamed_noise_rows=streamed_noise_rows,
             )
 
     #: Per-datum gradients are formed in chunks of at most this many floats
@@ -295,7 +312,8 @@ class MinibatchEstimator(Estimator):
         if chunk < n:
             # A pullback mixes the coordinates: the gradients in u are dense.
             budget = self._row_budget() if self.pullback is None else None
-            return _streamed(terms, z, indices, name, n, chunk, budget)
+            some = self._streamed_rows(name, n, chunk)
+            return _streamed(terms, z, indices, name, n, chunk, budget, some)
         if self.per_datum == "jacobian":
             return _by_jacobian(partial(terms, indices=indices), z, n)
         one = partial(_datum_potential, terms, name)
@@ -303,6 +321,17 @@ class MinibatchEstimator(Estimator):
         if centre is not None:
             return _by_vmap_pair(one, z, centre, indices[name], n)
         return _by_vmap(one, z, indices[name], n)
+
+    def _streamed_rows(self, name, n, chunk):
+        """How many of the n streamed rows the noise sd comes from
+        (:attr:`streamed_noise_rows`): a multiple of ``chunk``, or n."""
+        want = self.streamed_noise_rows
+        size = self.plates[name][0]
+        if want is None or self.covariance is not None:
+            return n
+        if not in_random_order(self.replace, size, n):
+            return n
+        return min(n, -(-want // chunk) * chunk)
 
     def summarise(self, value, grad, per_datum_grads, axis_name=None):
         """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the
@@ -446,21 +475,22 @@ def _term_rows(term, z, idx):
     return jax.vmap(jax.grad(term), (None, 0))(z, idx)
 
 
-def _streamed(terms, z, indices, name, n, chunk, row_budget):
+def _streamed(terms, z, indices, name, n, chunk, row_budget, some):
     """``(potential, gradient, rows)`` for large d: the minibatch gradient as
     without noise, and the gradients of the likelihood terms alone (the prior
-    and Jacobian are exact: no noise) as :class:`StreamedRows` of ``chunk`` rows
-    (memory O(chunk x d), never n x d); their chunks gathered
-    (:func:`gathered_stream`) where a ``row_budget`` is given and that applies,
-    dense otherwise."""
+    and Jacobian are exact: no noise) of the first ``some`` data as
+    :class:`StreamedRows` of ``chunk`` rows (memory O(chunk x d), never n x d);
+    their chunks gathered (:func:`gathered_stream`) where a ``row_budget`` is
+    given and that applies, dense otherwise."""
     potential = partial(_potential, terms, indices, with_terms=False)
     value, grad = jax.value_and_grad(potential)(z)
     term = partial(_datum_term, terms, name, n)
+    idx = indices[name][:some]
     rows = None
     if row_budget is not None:
-        rows = gathered_stream(term, z, indices[name], chunk, row_budget)
+        rows = gathered_stream(term, z, idx, chunk, row_budget)
     if rows is None:
-        rows = StreamedRows(partial(_term_rows, term, z), indices[name], chunk)
+        rows = StreamedRows(partial(_term_rows, term, z), idx, chunk)
     return value, grad, rows
 
 

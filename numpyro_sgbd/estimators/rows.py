@@ -301,9 +301,10 @@ def noise_statistics(rows, n, factor, covariance, total, gather):
     ``"full"``; see :class:`~numpyro_sgbd.estimators.MinibatchEstimator`).
     ``total`` sums a variance or a full covariance over shards and ``gather``
     joins a low-rank factor's columns (both the identity on one device)."""
-    if isinstance(rows, StreamedRows):
+    if isinstance(rows, StreamedRows):  # its own count: all n, or a subset
         _, m2 = rows.moments()
-        variance = jax.tree.map(lambda v: v / (n - 1), m2)
+        count = jnp.shape(rows.indices)[0]
+        variance = jax.tree.map(lambda v: v / (count - 1), m2)
     else:
         variance = jax.tree.map(lambda g: jnp.var(g, 0, ddof=1), rows)
     variance = total(jax.tree.map(lambda v: factor * v, variance))
