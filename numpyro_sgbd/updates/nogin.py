@@ -125,7 +125,14 @@ def noise_average_update(average, rows, window=NOISE_WINDOW):
     basis = jnp.linalg.qr(moved)[0]
     projected = stacked.T @ basis  # (r + m, r)
     rank = basis.shape[1]
-    gram = projected.T @ projected + shift * jnp.eye(rank, dtype=rows.dtype)
+    gram = projected.T @ projected
+    # The jitter also at rounding's scale of the largest direction: where the
+    # noise lies in a few directions of many coordinates (a network's, d =
+    # 79,510), a millionth of the mean variance is below float32's resolution of
+    # the gram and its Cholesky factor came out NaN.
+    eps = jnp.finfo(rows.dtype).eps
+    jitter = jnp.maximum(shift, rank * eps * jnp.max(jnp.diagonal(gram)))
+    gram = gram + jitter * jnp.eye(rank, dtype=rows.dtype)
     return NoiseAverage(diagonal, basis, jnp.linalg.cholesky(gram), count)
 
 
