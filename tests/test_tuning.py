@@ -392,6 +392,9 @@ def regression_data():
     [
         ("SGLD", "minibatch", 40, {}),
         ("SGLD", "control_variates", 40, {}),
+        # Without noise: one gradient of each pass's sum, no per-datum rows.
+        ("SGLD", "minibatch", 40, dict(variant="vanilla")),
+        ("SGLD", "control_variates", 40, dict(variant="vanilla")),
         # The full covariance (d = 12): tune's NOGIN form, "per_step".
         ("NOGIN", "control_variates", 40, dict(covariance="per_step")),
         ("NOGIN", "minibatch", 8, dict(covariance="lowrank")),
@@ -409,7 +412,9 @@ def test_a_traced_subsample_size_is_the_kernels_estimate_of_that_size(
     factor. Exact up to float error: rtol 2e-4.
 
     Injected bugs: the rows past n left unmasked (the estimate of 48 rows),
-    and the noise factor of the largest size instead of n's: both fail."""
+    and the noise factor of the largest size instead of n's: both fail; for
+    the vanilla cases (a pass's summed gradient, no rows), the pass's count
+    taken as its chunk, unmasked: both fail."""
     from numpyro_sgbd.estimators import draw_indices, with_setup
     from numpyro_sgbd.handlers import subsample_size
     from numpyro_sgbd.tuning.arguments import SAMPLERS

@@ -30,10 +30,10 @@ from numpyro_sgbd.mode import full_data_objective
 from numpyro_sgbd.samplers import SGLD
 from numpyro_sgbd.tuning.arguments import Arm, constructor_accepts
 from numpyro_sgbd.tuning.programs import (
-    BUFFER,
     ONCE,
     QUICK,
     Compiler,
+    buffer_rows,
     prepare_kernel,
     record_program,
     setup_values,
@@ -180,6 +180,9 @@ class _Group:
         self.state = None
         #: The compiled program (:func:`~numpyro_sgbd.tuning.programs.record_program`).
         self.program = None
+        #: Records a call of it returns at most (:func:`~numpyro_sgbd.tuning.
+        #: programs.buffer_rows`).
+        self.buffer = None
 
     def run(self, num_records, arrays):
         return self.program(self.state, self.rows, num_records, arrays)
@@ -410,6 +413,7 @@ def _add_program(compiler, f, group, state, recording):
     family, shared = group.family, recording.shared
     key = (f, None if family.sized else group.size, len(group.arms))
     group.program = key
+    group.buffer = buffer_rows(len(group.arms), shared.d)
     if key not in compiler:
         run = record_program(group.kernel, recording, family.sized)
         compiler.add(key, run, (state, group.rows, 1, shared.arrays), QUICK)
@@ -443,7 +447,7 @@ def _run_group(group, live, r, arrays, per_record, records, thinning):
     t_rec = per_record[id(group)]
     while spent < r:
         want = (r - spent) * k / max(t_rec, 1e-9)
-        num = int(min(BUFFER, max(1, math.ceil(want))))
+        num = int(min(group.buffer, max(1, math.ceil(want))))
         t0 = time.perf_counter()
         state, xs, gs = group.run(num, arrays)
         # Sliced on the host: slicing the device array compiles a program

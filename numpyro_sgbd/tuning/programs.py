@@ -34,6 +34,20 @@ from numpyro_sgbd.validation import warmup_elsewhere
 
 #: Records per compiled call at most.
 BUFFER = 256
+#: Floats a call's buffer of draws (and of scores) may hold: fewer records a
+#: call where chains x d is large. At 256 records a call, six chains of the
+#: 79,510-weight network's draws made 488 MB a buffer, allocated and copied to
+#: the host by every call whatever its length (1.2 s a record in tune's timing).
+BUFFER_FLOATS = 2**24
+
+
+def buffer_rows(num_chains, d):
+    """Records per call (the buffer's rows) for ``num_chains`` chains of ``d``
+    coordinates: :data:`BUFFER`, fewer where that passes :data:`BUFFER_FLOATS`
+    (at least 4)."""
+    return int(max(4, min(BUFFER, BUFFER_FLOATS // max(num_chains * d, 1))))
+
+
 #: One-off programs (the start) are compiled at XLA's lowest optimisation level
 #: on a CPU, as the kernels compile theirs (``jit_once``).
 ONCE = {"xla_backend_optimization_level": 0}
@@ -96,7 +110,8 @@ def record_program(kernel, recording, sized):
     of ``kernel`` (vectorised over the state's leading axis) advance
     ``num_records * thinning`` steps at subsample size ``rows`` (ignored when
     ``sized`` is ``None``: the kernel's own size); ``xs`` holds the draws in u
-    every ``thinning`` steps (rows past ``num_records`` unused), ``gs`` the
+    every ``thinning`` steps (:func:`buffer_rows` rows, those past
+    ``num_records`` unused), ``gs`` the
     minibatch scores there with ``scores="minibatch"``."""
     shared, thinning = recording.shared, recording.thinning
     pre, d = shared.pre, shared.d
@@ -120,9 +135,10 @@ def record_program(kernel, recording, sized):
 
         sample = jax.vmap(sample_one)
         k = jnp.shape(state.i)[0]
-        xs = jnp.zeros((BUFFER, k, d), pre.loc.dtype)
+        buffer = buffer_rows(k, d)
+        xs = jnp.zeros((buffer, k, d), pre.loc.dtype)
         gs = (
-            jnp.zeros((BUFFER, k, d), pre.loc.dtype) if recording.record_grads else None
+            jnp.zeros((buffer, k, d), pre.loc.dtype) if recording.record_grads else None
         )
 
         def record(j, carry):

@@ -79,15 +79,23 @@ def pass_rows(sizes, estimator=None, d=None):
     grid n/10, n, 10 n (n >= 64) a pass is n rows; with 0.1 %, 1 % and 10 % of
     N it is 0.1 % of N. Given the kernel's ``estimator`` and the dimension
     ``d``, no more rows than its row budget allows (its ``row_budget`` floats
-    of per-datum gradients at once, as the kernel streams them)."""
+    of per-datum gradients at once, as the kernel streams them) where it
+    estimates the noise; without, a pass forms one gradient of its rows' sum
+    and holds no per-datum gradients."""
     largest = max(sizes)
     floor = min(largest, max(64, largest / 100))
     rows = min(n for n in sizes if n >= floor)
-    if estimator is not None and d is not None:
+    if estimator is not None and d is not None and _needs_rows(estimator):
         plain = _plain(estimator)
         budget = plain.row_budget or default_row_budget()
         rows = max(1, min(rows, budget // max(d, 1)))
     return rows
+
+
+def _needs_rows(estimator):
+    """Whether ``estimator`` estimates the noise (per-datum gradients)."""
+    plain = _plain(estimator)
+    return bool(plain.noise or plain.covariance is not None)
 
 
 def _plain(estimator):
@@ -177,6 +185,31 @@ class SizedEstimator:
         values, grads = jax.vmap(datum)(idx)
         return values, self.plain.pullback(grads)
 
+    def _summed(self, z, centre_z, idx, mask, model_args, model_kwargs):
+        """``(count, sum of U_i, gradient of the sum in u)`` over the rows of
+        ``idx`` that ``mask`` keeps (less the centre's): one reverse pass, no
+        per-datum gradients, for an estimate without noise. At d = 79,510 (a
+        network) a per-datum gradient costs about a third of a 600-row
+        gradient, and the rows' pass held three: tune's 6,000-row arms took
+        1.2 s a step."""
+        ((name, (size, _, _)),) = self.plain.plates.items()
+        w = mask.astype(jnp.result_type(float))
+
+        def total(z):
+            def one(i):
+                return -size * self.plain.datum_log_density(
+                    z, i, model_args, model_kwargs
+                )
+
+            return jnp.sum(w * jax.vmap(one)(idx))
+
+        value, grad = jax.value_and_grad(total)(z)
+        if centre_z is not None:
+            value_c, grad_c = jax.value_and_grad(total)(centre_z)
+            value = value - value_c
+            grad = jax.tree.map(jnp.subtract, grad, grad_c)
+        return jnp.sum(w), value, self.plain.pullback(ravel_pytree(grad)[0])
+
     def _passes(self, rng_key, z, centre_z, model_args, model_kwargs):
         """The sums over the n rows, merged pass by pass."""
         ((name, (size, _, _)),) = self.plain.plates.items()
@@ -194,14 +227,19 @@ class SizedEstimator:
             else jnp.zeros((_ceil_to(self.columns, c), d), dtype),
         )
 
+        summed = not self.noise and self.covariance is None
+
         def one_pass(j, total):
             key = random.fold_in(rng_key, j)
             idx = draw_indices(key, size=size, subsample_size=c, replace=True)
+            mask = (j * c + jnp.arange(c)) < rows.n
+            if summed:
+                args = (z, centre_z, idx, mask, model_args, model_kwargs)
+                return _add_sum(total, *self._summed(*args))
             values, grads = self._potentials(z, centre_z, idx, model_args, model_kwargs)
             # Formed once: without the barrier XLA fuses the rows' computation
             # into each reduction of the merge and forms them several times.
             values, grads = jax.lax.optimization_barrier((values, grads))
-            mask = (j * c + jnp.arange(c)) < rows.n
             return _merge(total, j * c, mask, values, grads, full)
 
         return jax.lax.fori_loop(0, rows.passes, one_pass, total)
@@ -240,6 +278,14 @@ class _Moments(NamedTuple):
 
 def _ceil_to(m, c):
     return int(math.ceil(m / c) * c)
+
+
+def _add_sum(total, count, value, grad_sum):
+    """``total`` with one pass's summed rows added (no second moments: an
+    estimate without noise)."""
+    merged = total.count + count
+    mean = total.mean + (grad_sum - count * total.mean) / jnp.maximum(merged, 1.0)
+    return total._replace(count=merged, value=total.value + value, mean=mean)
 
 
 def _merge(total, start, mask, values, rows, full):
