@@ -4,6 +4,7 @@ item 5; the floor is 1.2x, as for the GLMs in ``run.py`` section (b)).
 
     python benchmarks/network_step.py            # n = 600 and 6000 (about 4 minutes)
     python benchmarks/network_step.py --quick    # n = 600 only (about 2 minutes)
+    python benchmarks/network_step.py --quick --defaults  # and the default paths
 
 The network is the one the MAMBA paper tunes SGLD on (Coullon, South & Nemeth,
 section 4.3 and Appendix C.3.1): 784-100-10, with a softmax as the hidden
@@ -64,7 +65,7 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 from run import Table, compile_seconds
 
-from numpyro_sgbd import SGLD
+from numpyro_sgbd import NOGIN, SGLD
 from numpyro_sgbd.estimators import draw_indices, resolve_replace
 
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -283,6 +284,59 @@ def paired_seconds(X, y, n, h, k, repeats):
     return {side: (best[side, 6 * k] - best[side, k]) / (5 * k) for side in sides}
 
 
+#: The default paths ``--defaults`` times, as ``(label, kernel class, options)``.
+DEFAULT_PATHS = (
+    ("SGLD(model)", SGLD, {}),
+    ("vanilla", SGLD, {"variant": "vanilla"}),
+    ("minibatch", SGLD, {"gradient": "minibatch"}),
+    ("vanilla, minibatch", SGLD, {"variant": "vanilla", "gradient": "minibatch"}),
+    ("NOGIN(model)", NOGIN, {}),
+)
+
+
+def default_seconds(X, y, n, k, repeats):
+    """Marginal seconds per step, (T(6k) - T(k)) / 5k, of each default path of
+    :data:`DEFAULT_PATHS` and of the bare given step (``"bare"``), each kernel's
+    ``sample`` in a scan after its set-up (the default's Adam fit and Fisher
+    diagonal, and control variates' centre: paid once, in ``init``, not timed)."""
+    _, sites = initial_weights(X.shape[1])
+    kernels = {
+        "bare": SGLD(
+            partial(model, subsample_size=n), step_size=1e-3, preconditioner="none"
+        )
+    }
+    for label, cls, options in DEFAULT_PATHS:
+        kernels[label] = cls(partial(model, subsample_size=n), **options)
+    sides = {
+        label: kernel_scan(kernel, X, y, sites) for label, kernel in kernels.items()
+    }
+    for steps in (k, 6 * k):
+        for run in sides.values():
+            jax.block_until_ready(run(steps))
+    best = {(side, s): float("inf") for side in sides for s in (k, 6 * k)}
+    for _ in range(repeats):
+        for steps in (k, 6 * k):
+            for side, run in sides.items():
+                best[side, steps] = min(best[side, steps], _timed(lambda: run(steps)))
+    jax.clear_caches()
+    return {side: (best[side, 6 * k] - best[side, k]) / (5 * k) for side in sides}
+
+
+def defaults_table(table, X, y, args):
+    """The ``--defaults`` section: ms per step of the default paths at n = 600,
+    and each over the bare step."""
+    n, k = 600, args.defaults_steps
+    times = default_seconds(X, y, n, k, args.repeats)
+    table.section(
+        f"Default paths at n = {n}, ms per step (kernel's sample in a scan, k = {k}, "
+        f"fastest of {args.repeats}), and over the bare given step (vanilla, "
+        "minibatch, no preconditioner)",
+        ["path", "ms/step", "/ bare"],
+    )
+    for label, seconds in times.items():
+        table.row(label, 1e3 * seconds, seconds / times["bare"])
+
+
 def main(args):
     if args.quick:
         args.subsample_sizes, args.timed_seconds = [600], 1.0
@@ -339,6 +393,8 @@ def main(args):
             scan / bj,
             1e3 * draw,
         )
+    if args.defaults:
+        defaults_table(table, X, y, args)
     print(f"\n{(time.perf_counter() - started) / 60:.1f} minutes")
 
 
@@ -360,6 +416,14 @@ def parse_args(argv=None):
         "--num-steps", type=int, default=10, help="the least k (runs of k and 6k steps)"
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="also time the default paths (SGLD(model) and its parts, NOGIN(model))",
+    )
+    parser.add_argument(
+        "--defaults-steps", type=int, default=40, help="k of the default paths' runs"
+    )
     parser.add_argument(
         "--timed-seconds",
         type=float,
