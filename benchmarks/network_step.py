@@ -243,6 +243,19 @@ def kernel_scan(kernel, X, y, sites):
     return lambda steps: scan(state, X, y, steps)
 
 
+def marginal(sides, k, repeats):
+    """``{side: (T(6k) - T(k)) / 5k}``, each T the fastest of ``repeats`` rounds
+    in which every side runs both lengths in turn (``sides``: ``{name:
+    run(steps)}``, compiled beforehand)."""
+    best = {(side, s): float("inf") for side in sides for s in (k, 6 * k)}
+    for _ in range(repeats):
+        for steps in (k, 6 * k):
+            for side, run in sides.items():
+                best[side, steps] = min(best[side, steps], _timed(lambda: run(steps)))
+    jax.clear_caches()
+    return {side: (best[side, 6 * k] - best[side, k]) / (5 * k) for side in sides}
+
+
 def paired_seconds(X, y, n, h, k, repeats):
     """Marginal seconds per step, (T(6k) - T(k)) / 5k, of: our ``MCMC`` run, our
     kernel's ``sample`` in a scan and BlackJAX's sgld in a scan, their runs
@@ -275,13 +288,7 @@ def paired_seconds(X, y, n, h, k, repeats):
     for steps in (k, 6 * k):  # compile the scans outside the timed calls
         jax.block_until_ready(sides["scan"](steps))
         jax.block_until_ready(sides["bj"](steps))
-    best = {(side, s): float("inf") for side in sides for s in (k, 6 * k)}
-    for _ in range(repeats):
-        for steps in (k, 6 * k):
-            for side, run in sides.items():
-                best[side, steps] = min(best[side, steps], _timed(lambda: run(steps)))
-    jax.clear_caches()
-    return {side: (best[side, 6 * k] - best[side, k]) / (5 * k) for side in sides}
+    return marginal(sides, k, repeats)
 
 
 #: The default paths ``--defaults`` times, as ``(label, kernel class, options)``.
@@ -313,13 +320,7 @@ def default_seconds(X, y, n, k, repeats):
     for steps in (k, 6 * k):
         for run in sides.values():
             jax.block_until_ready(run(steps))
-    best = {(side, s): float("inf") for side in sides for s in (k, 6 * k)}
-    for _ in range(repeats):
-        for steps in (k, 6 * k):
-            for side, run in sides.items():
-                best[side, steps] = min(best[side, steps], _timed(lambda: run(steps)))
-    jax.clear_caches()
-    return {side: (best[side, 6 * k] - best[side, k]) / (5 * k) for side in sides}
+    return marginal(sides, k, repeats)
 
 
 def defaults_table(table, X, y, args):
