@@ -37,7 +37,7 @@ BUFFER = 256
 #: Floats a call's buffer of draws (and of scores) may hold: fewer records a
 #: call where chains x d is large. At 256 records a call, six chains of the
 #: 79,510-weight network's draws made 488 MB a buffer, allocated and copied to
-#: the host by every call whatever its length (1.2 s a record in tune's timing).
+#: the host by every call whatever its length.
 BUFFER_FLOATS = 2**24
 
 
