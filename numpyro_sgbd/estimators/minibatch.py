@@ -22,7 +22,6 @@ from numpyro_sgbd.estimators.full_data import (
 from numpyro_sgbd.estimators.indices import (
     draw_indices,
     gather_local,
-    in_random_order,
     noise_variance_factor,
     resolve_replace,
 )
@@ -30,6 +29,7 @@ from numpyro_sgbd.estimators.rows import (
     StreamedRows,
     _flat_size,
     default_row_budget,
+    first_rows,
     gathered_stream,
     noise_statistics,
     noise_subset,
@@ -312,7 +312,10 @@ class MinibatchEstimator(Estimator):
         if chunk < n:
             # A pullback mixes the coordinates: the gradients in u are dense.
             budget = self._row_budget() if self.pullback is None else None
-            some = self._streamed_rows(name, n, chunk)
+            want = None if self.covariance else self.streamed_noise_rows
+            if want is not None:  # whole chunks
+                want = -(-want // chunk) * chunk
+            some = first_rows(want, self.plates[name][0], n, self.replace)
             return _streamed(terms, z, indices, name, n, chunk, budget, some)
         if self.per_datum == "jacobian":
             return _by_jacobian(partial(terms, indices=indices), z, n)
@@ -321,17 +324,6 @@ class MinibatchEstimator(Estimator):
         if centre is not None:
             return _by_vmap_pair(one, z, centre, indices[name], n)
         return _by_vmap(one, z, indices[name], n)
-
-    def _streamed_rows(self, name, n, chunk):
-        """How many of the n streamed rows the noise sd comes from
-        (:attr:`streamed_noise_rows`): a multiple of ``chunk``, or n."""
-        want = self.streamed_noise_rows
-        size = self.plates[name][0]
-        if want is None or self.covariance is not None:
-            return n
-        if not in_random_order(self.replace, size, n):
-            return n
-        return min(n, -(-want // chunk) * chunk)
 
     def summarise(self, value, grad, per_datum_grads, axis_name=None):
         """The :class:`GradientEstimate` of :meth:`evaluate`'s parts, with the

@@ -23,6 +23,7 @@ __all__ = [
     "GatheredRows",
     "StreamedRows",
     "default_row_budget",
+    "first_rows",
     "gathered_stream",
     "noise_statistics",
     "noise_subset",
@@ -284,12 +285,22 @@ def noise_subset(rows, m, plates, replace):
     NOGIN's, is used as it is at each step: its caller passes ``m=None``);
     ``rows`` otherwise (``m`` None or at least n, streamed rows, several
     plates)."""
-    if m is None or len(plates) != 1 or isinstance(rows, StreamedRows):
+    if len(plates) != 1 or isinstance(rows, StreamedRows):
         return rows
     ((size, n, *_),) = plates.values()
-    if m >= n or not in_random_order(replace, size, n):
+    if first_rows(m, size, n, replace) == n:
         return rows
     return jax.tree.map(lambda r: r[:m], rows)
+
+
+def first_rows(m, size, n, replace):
+    """How many of a minibatch's n rows a noise estimate from its first ``m``
+    uses: ``m`` where that is fewer and the draw's indices come in random order
+    (:func:`~numpyro_sgbd.estimators.indices.in_random_order`, so that they are
+    a random sample of the plate's ``size`` rows), else n (``m`` None: n)."""
+    if m is None or m >= n or not in_random_order(replace, size, n):
+        return n
+    return m
 
 
 def noise_statistics(rows, n, factor, covariance, total, gather):

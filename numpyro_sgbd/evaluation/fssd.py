@@ -76,13 +76,12 @@ def _gaussian_fit(x, weight, count, one_point):
     :data:`_DENSE_FIT_MAX_DIM` coordinates the sds of the diagonal fit (a
     vector)."""
     d = x.shape[1]
+    var = weight @ (x * x) / count  # the covariance's diagonal (x is centred)
+    trace = jnp.sum(var)
+    ridge = jnp.where(one_point | (trace <= 0), 1.0, _RIDGE * trace)
     if d > _DENSE_FIT_MAX_DIM:
-        var = weight @ (x * x) / count
-        ridge = jnp.where(one_point | (jnp.sum(var) <= 0), 1.0, _RIDGE * jnp.sum(var))
         return jnp.sqrt(var + ridge)
     cov = (x.T * weight) @ x / count
-    trace = jnp.trace(cov)
-    ridge = jnp.where(one_point | (trace <= 0), 1.0, _RIDGE * trace)
     return jnp.linalg.cholesky(cov + ridge * jnp.eye(d, dtype=x.dtype))
 
 

@@ -26,6 +26,7 @@ the factor 1 - n/N. The arms are compared on one scheme, and the sizes of one
 step share their first rows (common random numbers).
 """
 
+from functools import partial
 import math
 from typing import NamedTuple
 
@@ -166,13 +167,16 @@ class SizedEstimator:
         return GradientEstimate(mean, noise_sd, value, cov)
 
     # -------------------------------------------------------------- the passes
+    def _one(self, z, i, model_args, model_kwargs):
+        """U_i, the one-datum potential of datum ``i`` at z (NumPyro's plate
+        scales the one-datum model by N)."""
+        ((_, (size, _, _)),) = self.plain.plates.items()
+        return -size * self.plain.datum_log_density(z, i, model_args, model_kwargs)
+
     def _potentials(self, z, centre_z, idx, model_args, model_kwargs):
         """``(U_i, rows)``: the one-datum potentials of ``idx`` at z (less those
         at the centre) and their gradients in u, flat."""
-        ((name, (size, _, _)),) = self.plain.plates.items()
-
-        def one(z, i):
-            return -size * self.plain.datum_log_density(z, i, model_args, model_kwargs)
+        one = partial(self._one, model_args=model_args, model_kwargs=model_kwargs)
 
         def datum(i):
             value, grad = jax.value_and_grad(one)(z, i)
@@ -192,16 +196,11 @@ class SizedEstimator:
         network) a per-datum gradient costs about a third of a 600-row
         gradient, and the rows' pass held three: tune's 6,000-row arms took
         1.2 s a step."""
-        ((name, (size, _, _)),) = self.plain.plates.items()
         w = mask.astype(jnp.result_type(float))
+        one = partial(self._one, model_args=model_args, model_kwargs=model_kwargs)
 
         def total(z):
-            def one(i):
-                return -size * self.plain.datum_log_density(
-                    z, i, model_args, model_kwargs
-                )
-
-            return jnp.sum(w * jax.vmap(one)(idx))
+            return jnp.sum(w * jax.vmap(one, (None, 0))(z, idx))
 
         value, grad = jax.value_and_grad(total)(z)
         if centre_z is not None:
