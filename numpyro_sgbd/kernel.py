@@ -307,7 +307,9 @@ class SGKernel(Monitored, MCMCKernel):
         kept = {} if checks is None else {k: getattr(state, k) for k in checks.fields}
         state = state._replace(**dict.fromkeys(kept))
         new_state = self._steps.steps_fn(model_args, model_kwargs)(state)
-        new_state = after_sample(self, state, new_state, trace)
+        new_state = after_sample(
+            self, state, new_state, trace, model_args, model_kwargs
+        )
         if checks is None:
             return new_state
         return checks.after(kept, state, new_state, self.run_shape(), self._warn)

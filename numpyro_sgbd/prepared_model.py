@@ -157,7 +157,7 @@ class PreparedModel:
         self.request, self.init_strategy = request, init_strategy
         self.setup = Setup()
         self.plates, self.shapes, self.deterministic = None, None, ()
-        self.enumerate_dim, self.local = None, {}
+        self.enumerate_dim, self.local, self.modules = None, {}, ()
         self.estimator = self.log_likelihood_indices = self.rows = None
         names = ("init_params", "postprocess", "start")
         self.programs = {name: Programs() for name in names}
@@ -188,6 +188,7 @@ class PreparedModel:
         self.plates, self.shapes = info.plates, info.shapes
         self.deterministic = info.deterministic
         self.enumerate_dim, self.local = info.enumerate_dim, info.local
+        self.modules = info.modules
         self.setup, self.estimator = prepared.setup, prepared.estimator
         self.log_likelihood_indices = prepared.log_likelihood_indices
         self.rows = model_rows(info.plates)

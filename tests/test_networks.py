@@ -26,12 +26,14 @@ from numpyro.contrib.module import (
     random_nnx_module,
 )
 import numpyro.distributions as dist
-from numpyro.infer import MCMC, NUTS, Predictive
+from numpyro.infer import MCMC, NUTS, Predictive, log_likelihood
 import pytest
 
-from numpyro_sgbd import NOGIN, SGBD, SGHMC, SGLD
+from numpyro_sgbd import NOGIN, SGBD, SGHMC, SGLD, check
 from numpyro_sgbd.mode import full_data_objective
 from numpyro_sgbd.mode.network import fit_network, network_start
+from numpyro_sgbd.monitoring import ConvergenceWarning
+from numpyro_sgbd.monitoring.predictive import PROBE_ROWS
 from numpyro_sgbd.prepare import NetworkWarning, trace_model
 
 eqx = pytest.importorskip("equinox")
@@ -191,6 +193,45 @@ def test_an_explicit_diagonal_preconditioner_gets_the_network_set_up(data):
     assert mcmc.sampler.adaptation_info["mode_search"]["method"] == "adam"
     mcmc, _ = _run(SGLD(model, preconditioner="dense"), X, y, 20, 20)
     assert "method" not in mcmc.sampler.adaptation_info["mode_search"]
+
+
+def test_the_run_checks_judge_a_network_by_its_predictions(data):
+    """A network's record keeps, after its coordinates, the log-likelihood of
+    fixed rows of its plate at each kept draw (the same numbers NumPyro's
+    ``log_likelihood`` gives for the draws ``get_samples`` returns), and the
+    convergence check reads and names those rows, not weights. Checked once
+    against injected bugs: the probe on the rows shifted by one, and on the
+    draw before the kept one: both fail the equality."""
+    X, y, _ = data
+    model = network_model("flax.linen")
+    kernel = SGLD(model, step_size=3e-3, preconditioner="none")
+    mcmc = MCMC(
+        kernel,
+        num_warmup=10,
+        num_samples=40,
+        thinning=2,
+        num_chains=2,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    mcmc.run(random.key(3), X, y)
+    plan = kernel.monitor.trace_plan
+    assert plan.plate == "data" and len(plan.probes) == PROBE_ROWS
+    assert plan.probes[0] == 0 and plan.probes[-1] == N - 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = check(mcmc)
+    recorded = np.asarray(mcmc.last_state.trace.rows)[..., len(plan.coords) :]
+    samples = mcmc.get_samples(group_by_chain=True)
+    expected = log_likelihood(kernel.model, samples, X, y, batch_ndims=2)["y"]
+    expected = np.asarray(expected)[..., np.asarray(plan.probes)]
+    assert recorded.shape == expected.shape == (2, 20, PROBE_ROWS)
+    np.testing.assert_allclose(recorded, expected, rtol=1e-5, atol=1e-4)
+
+    assert found["checked"] == "rows" and set(found["coords"]) <= set(plan.probes)
+    assert not found["converged"]  # 20 draws a chain: ESS below 100
+    (message,) = [str(w.message) for w in caught if w.category is ConvergenceWarning]
+    assert "the log-likelihood of row" in message and "net/" not in message
 
 
 def _regression(X, y, noise, prior_sd, n):

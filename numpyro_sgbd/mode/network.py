@@ -70,12 +70,13 @@ def warn_network(who, modules):
         "numpyro.contrib.module. The default path starts at a MAP fit (Adam) "
         "with a diagonal preconditioner from the Fisher information there, and "
         "the chain explores around that fit: a network's posterior has many "
-        "modes and its weights mix slowly. On a 17-weight network four NOGIN "
-        "chains of 150,000 steps agreed with NUTS's predictive; SGLD's, SGBD's "
-        "and SGHMC's still disagreed with each other (R-hat of the predictions "
-        "up to 1.32; benchmarks/results.md, issue 62). Judge the run by its "
-        "predictions over several chains (num_chains, different keys), not by "
-        "one chain's weights, and prefer NOGIN.",
+        "modes and its weights mix slowly. The run checks judge the run by its "
+        "predictions (the log-likelihood of fixed rows at each draw), not by its "
+        "weights: run several chains (num_chains, different keys) and call "
+        "numpyro_sgbd.check(mcmc). On a 17-weight network four NOGIN chains of "
+        "150,000 steps agreed with NUTS's predictive; SGLD's, SGBD's and "
+        "SGHMC's still disagreed with each other (R-hat of the predictions up "
+        "to 1.32; benchmarks/results.md, issue 62): prefer NOGIN.",
         NetworkWarning,
         stacklevel=6,
     )

@@ -133,7 +133,7 @@ def check_run(kernel, state):
     rows = None if state.trace is None else take(state.trace.rows)
     ended = trace_plan is not None and rows is not None
     ended = ended and (i_end - num_warmup) // k == trace_plan.num_samples
-    ended = ended and rows.shape[1:] == (trace_plan.rows, len(trace_plan.coords))
+    ended = ended and rows.shape[1:] == (trace_plan.rows, trace_plan.width)
     if ended:
         found += _drift(kernel, rows, i_end - num_warmup)
     for _, kind, run_check in sorted(found, key=lambda event: event[0]):
@@ -219,6 +219,7 @@ def _drift(kernel, rows, t_end):
 
     monitor, k = kernel.monitor, kernel.num_steps
     trace_plan = monitor.trace_plan
+    rows, ids = trace_plan.checked(rows)
     for t, points, every in drift_schedule(t_end, k):
         # Row r holds the draw of sample (r + 1) * trace_plan.every.
         slots = np.unique([t_point // k // trace_plan.every - 1 for t_point in points])
@@ -229,8 +230,7 @@ def _drift(kernel, rows, t_end):
         if drift(np.concatenate(blocks)) is None:
             continue
         i = kernel.run_shape().num_warmup + t
-        coords = trace_plan.coords
-        check_drift = partial(monitor.check_drift, kernel, i, blocks, every, coords)
+        check_drift = partial(monitor.check_drift, kernel, i, blocks, every, ids)
         return [(i, "drift", check_drift)]
     return []
 

@@ -391,7 +391,8 @@ class Monitor:
         self.record_warning("drift")
         remedies = advice.drift_remedies(advice.run_facts(kernel))
         j = found.index if coords is None else int(coords[found.index])
-        name = flat_name(kernel.prepared.draw_shapes, j)
+        shapes, trace_plan = kernel.prepared.draw_shapes, self.trace_plan
+        name = flat_name(shapes, j) if coords is None else trace_plan.name(shapes, j)
         t = i - kernel.run_shape().num_warmup
         so_far = f"over the {t} sampling iterations so far"
         if found.t is None:

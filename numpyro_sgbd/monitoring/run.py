@@ -19,7 +19,8 @@ import numpy as np
 
 from numpyro_sgbd import advice
 from numpyro_sgbd.monitoring.convergence import rhat_text
-from numpyro_sgbd.monitoring.notes import call_host, clock_due, flat_name
+from numpyro_sgbd.monitoring.notes import call_host, clock_due
+from numpyro_sgbd.monitoring.predictive import probe_fn, probe_rows
 from numpyro_sgbd.monitoring.switch import PER_STEP, enabled, mode
 from numpyro_sgbd.monitoring.trace import (
     MAX_RHAT,
@@ -115,7 +116,8 @@ def start_trace(kernel, state, one_z):
     leaves = jax.tree.leaves(one_z)
     dim = sum(int(np.size(x)) for x in leaves)
     mcmc = driving_mcmc(kernel) if enabled() else None
-    trace_plan = plan(mcmc, dim, _global_coords(one_z, kernel.prepared.local))
+    first = _global_coords(one_z, kernel.prepared.local)
+    trace_plan = plan(mcmc, dim, first, probe_rows(kernel.prepared))
     check = monitor.check
     # Sequential and parallel chains each call `init`: a run starts, and the
     # check's pool of chains with it, only where no chain is pending.
@@ -132,7 +134,7 @@ def start_trace(kernel, state, one_z):
     return state._replace(trace=empty_trace(trace_plan, dtype, jnp.shape(state.i)))
 
 
-def after_sample(kernel, state, new_state, trace):
+def after_sample(kernel, state, new_state, trace, model_args, model_kwargs):
     """``new_state`` with the sample in the convergence check's record (the
     default: no host call; the host checks the record after the run) and, under
     :func:`~numpyro_sgbd.monitoring.per_step`, after the host calls of one
@@ -140,19 +142,30 @@ def after_sample(kernel, state, new_state, trace):
     :func:`clock_due`), and the check of the record when the run ends."""
     if mode() != PER_STEP:
         if trace is not None and enabled():
-            trace = _recorded(kernel, state, new_state, trace)
+            trace = _recorded(kernel, new_state, trace, model_args, model_kwargs)
         return new_state if trace is None else new_state._replace(trace=trace)
-    return _noted(kernel, state, new_state, trace)
+    return _noted(kernel, state, new_state, trace, model_args, model_kwargs)
 
 
-def _recorded(kernel, state, new_state, trace):
-    """``trace`` with the draw of ``new_state`` written in."""
+def _recorded(kernel, new_state, trace, model_args, model_kwargs):
+    """``trace`` with the draw of ``new_state`` written in (and, for a network,
+    its log-likelihood at the probed rows)."""
     num_warmup, num_steps = kernel.run_shape()[:2]
     after = (new_state.i - num_warmup) // num_steps
-    return record(trace, kernel.monitor.trace_plan, new_state.z, after)
+    trace_plan = kernel.monitor.trace_plan
+    probe = None
+    if trace_plan.probes:
+        probe = probe_fn(
+            kernel.prepared,
+            trace_plan.plate,
+            trace_plan.probes,
+            model_args,
+            model_kwargs,
+        )
+    return record(trace, trace_plan, new_state.z, after, probe)
 
 
-def _noted(kernel, state, new_state, trace):
+def _noted(kernel, state, new_state, trace, model_args, model_kwargs):
     """``new_state`` after the live notes of one sample (see
     :func:`after_sample`): the host calls and the record."""
     num_warmup, num_steps = kernel.run_shape()[:2]
@@ -178,7 +191,7 @@ def _noted(kernel, state, new_state, trace):
         return new_state._replace(i=i)
     before = (state.i - num_warmup) // num_steps
     after = (new_state.i - num_warmup) // num_steps
-    trace = _recorded(kernel, state, new_state, trace)
+    trace = _recorded(kernel, new_state, trace, model_args, model_kwargs)
     ends = run_ends(kernel.monitor.trace_plan, before, after)
     i = call_host(ends, lambda i, rows: _on_run_end(kernel, rows), i, trace.rows)
     return new_state._replace(i=i, trace=trace)
@@ -198,20 +211,20 @@ def _on_run_end(kernel, rows):
     if found["converged"]:
         return
     monitor.record_warning("convergence")
-    shapes = kernel.prepared.draw_shapes
+    shapes, trace_plan = kernel.prepared.draw_shapes, monitor.trace_plan
     ess = min(found["min_ess_bulk"], found["min_ess_tail"])
     parts = []
     if ess < MIN_ESS:
         parts.append(
             f"a bulk ESS of {found['min_ess_bulk']:.0f} and a tail ESS of "
             f"{found['min_ess_tail']:.0f} (smallest, at "
-            f"{flat_name(shapes, found['worst_ess'])})"
+            f"{trace_plan.name(shapes, found['worst_ess'])})"
         )
     rhat = found["max_rhat"] if found["rhat_checked"] else 1.0
     if rhat > MAX_RHAT:
         parts.append(
             f"an R-hat of {rhat_text(found['max_rhat'])} at "
-            f"{flat_name(shapes, found['worst_rhat'])}"
+            f"{trace_plan.name(shapes, found['worst_rhat'])}"
         )
     remedies = advice.convergence_remedies(
         advice.run_facts(kernel),
@@ -220,7 +233,6 @@ def _on_run_end(kernel, rows):
         num_samples=monitor.trace_plan.num_samples,
         warned=monitor.run_warnings,
     )
-    trace_plan = monitor.trace_plan
     if trace_plan.every == trace_plan.thinning:
         draws = f"{found['num_draws']} draws, all the run keeps"
     else:
@@ -229,9 +241,17 @@ def _on_run_end(kernel, rows):
             f"{trace_plan.num_samples // trace_plan.thinning} it keeps, so "
             "compare's ESS of all of them may differ"
         )
+    judged = ""
+    if trace_plan.probes:
+        judged = (
+            f" (a network's run is judged by its predictions, the log-likelihood "
+            f"of {len(trace_plan.probes)} fixed rows at each draw: its weights "
+            "never mix across the network's symmetries)"
+        )
     warnings.warn(
         f"{type(kernel).__name__}: the sampling draws have "
-        f"{' and '.join(parts)} (rank-normalised, over {found['num_chains']} "
+        f"{' and '.join(parts)}{judged} (rank-normalised, over "
+        f"{found['num_chains']} "
         f"chain(s) of {draws}; the check "
         f"wants ESS >= {MIN_ESS} and R-hat <= {MAX_RHAT})"
         ": means and sds carry Monte Carlo errors too large to trust. "

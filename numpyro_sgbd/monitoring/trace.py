@@ -99,6 +99,31 @@ class TracePlan(NamedTuple):
     #: The run's own thinning (``MCMC(thinning=...)``): it keeps one sample
     #: in ``thinning``; ``every`` is a multiple of it.
     thinning: int = 1
+    #: For a network model, the rows of ``plate`` whose log-likelihood the
+    #: record keeps after the coordinates, and which the convergence and drift
+    #: checks read instead of them (:mod:`~numpyro_sgbd.monitoring.predictive`).
+    probes: tuple = ()
+    plate: str = ""
+
+    @property
+    def width(self):
+        """The record's columns: the coordinates, then the probed rows."""
+        return len(self.coords) + len(self.probes)
+
+    def checked(self, rows):
+        """``(columns, ids)``: the columns of ``rows`` (``(..., coords)``) the
+        convergence and drift checks read (the probed rows' log-likelihoods for
+        a network, else the coordinates) and their flat coordinates or rows."""
+        if self.probes:
+            return rows[..., len(self.coords) :], self.probes
+        return rows[..., : len(self.coords)], self.coords
+
+    def name(self, shapes, j):
+        """How a message names the checked column of id ``j``."""
+        from numpyro_sgbd.monitoring.notes import flat_name
+        from numpyro_sgbd.monitoring.predictive import row_name
+
+        return row_name(self.plate, j) if self.probes else flat_name(shapes, j)
 
 
 def driving_mcmc(kernel):
@@ -116,12 +141,13 @@ def driving_mcmc(kernel):
     return None
 
 
-def plan(mcmc, dim, first=()):
+def plan(mcmc, dim, first=(), probes=("", ())):
     """The :class:`TracePlan` for a run of ``mcmc`` over ``dim`` coordinates, or
     ``None`` (no MCMC, or a run too short for the statistics). The flat indices
     ``first`` are checked before any other (up to :data:`TRACE_COORDS`), the
     rest spread evenly: with local sites, the global sites' coordinates, which
-    the rows' thousands would otherwise crowd out."""
+    the rows' thousands would otherwise crowd out. ``probes``: ``(plate,
+    rows)`` whose log-likelihood a network's record keeps as well."""
     thinning = int(getattr(mcmc, "thinning", 1) or 1)
     if mcmc is None or dim == 0 or mcmc.num_samples // thinning < 4:
         return None
@@ -132,7 +158,7 @@ def plan(mcmc, dim, first=()):
     # The kept draws (NumPyro keeps the last sample of each block of
     # `thinning`, as `record` does), thinned further where they do not fit.
     kept = num_samples // thinning
-    most = TRACE_ROWS * TRACE_COORDS // len(coords)
+    most = TRACE_ROWS * TRACE_COORDS // (len(coords) + len(probes[1]))
     every = thinning * -(-kept // most)
     return TracePlan(
         num_samples,
@@ -141,21 +167,26 @@ def plan(mcmc, dim, first=()):
         num_samples // every,
         tuple(int(j) for j in coords),
         thinning,
+        tuple(probes[1]),
+        probes[0],
     )
 
 
 def empty_trace(plan, dtype, batch_shape=()):
     """A zero :class:`Trace` for ``plan``."""
-    shape = batch_shape + (plan.rows, len(plan.coords))
+    shape = batch_shape + (plan.rows, plan.width)
     return Trace(jnp.zeros(shape, dtype))
 
 
-def record(trace, plan, z, sample):
+def record(trace, plan, z, sample, probe=None):
     """``trace`` with the draw ``z`` (a pytree, chains leading where
     ``trace.rows`` has a chain axis) written at the row of the sampling sample
     ``sample`` (1 for the first draw after warmup; warmup samples write row 0,
     which sampling overwrites). One row is written every call, so the last draw
-    of each block of ``plan.every`` samples is what stays."""
+    of each block of ``plan.every`` samples is what stays. ``probe``: for a
+    plan with probed rows, ``z -> (..., rows)`` their log-likelihoods
+    (:func:`~numpyro_sgbd.monitoring.predictive.probe_fn`), formed only where
+    the sample's row is the one kept."""
     batch = trace.rows.shape[:-2]
     # Each leaf's own coordinates, gathered from it: concatenating z whole to
     # pick a few hundred coordinates copied every weight of a network each step
@@ -167,8 +198,18 @@ def record(trace, plan, z, sample):
         if mine.size:
             parts.append(jnp.reshape(x, batch + (size,))[..., jnp.asarray(mine)])
         at += size
-    row = jnp.concatenate(parts, axis=-1).astype(trace.rows.dtype)
     slot = jnp.clip((jnp.max(sample) - 1) // plan.every, 0, plan.rows - 1)
+    if plan.probes:
+        # Only a sample that stays in its row pays for the forward pass: the
+        # last of its block, or one past the last full block (the last row).
+        last = jnp.max(sample)
+        kept = (last % plan.every == 0) | (last > plan.rows * plan.every)
+        zeros = jnp.zeros(batch + (len(plan.probes),), trace.rows.dtype)
+        values = jax.lax.cond(
+            kept, lambda z: probe(z).astype(zeros.dtype), lambda z: zeros, z
+        )
+        parts.append(values)
+    row = jnp.concatenate(parts, axis=-1).astype(trace.rows.dtype)
     rows = jax.lax.dynamic_update_index_in_dim(
         trace.rows, row[..., None, :], slot, axis=len(batch)
     )
@@ -199,22 +240,28 @@ class ConvergenceCheck:
         return bool(self._rows)
 
     def add(self, rows):
-        """Add ``rows`` (``(..., rows, coords)``); return the report once every
-        chain is in, else ``None``."""
+        """Add ``rows`` (``(..., rows, columns)``); return the report once every
+        chain is in, else ``None``. ``draws`` keeps the coordinates' columns."""
         rows = np.asarray(rows, np.float64)
         self._rows.append(rows.reshape((-1,) + rows.shape[-2:]))
         if sum(r.shape[0] for r in self._rows) < self.plan.num_chains:
             return None
         draws, self._rows = np.concatenate(self._rows), []
-        self.draws = draws
-        return report(draws, self.plan.coords)
+        self.draws = draws[..., : len(self.plan.coords)]
+        checked, ids = self.plan.checked(draws)
+        found = report(checked, ids)
+        found["checked"] = "rows" if self.plan.probes else "coordinates"
+        return found
 
 
 def report(draws, coords):
     """The check's numbers for ``draws`` ``(chains, rows, coords)``: a dict with
     the per-coordinate ``ess_bulk``, ``ess_tail`` and ``rhat`` (for one chain the
     split R-hat of its halves, recorded but not checked: ``rhat_checked``), their
-    worst values and flat coordinates, and what was checked."""
+    worst values and flat coordinates, and what was checked. A kernel's
+    ``convergence`` adds ``checked``: ``"coordinates"``, or ``"rows"`` where the
+    columns are a network's probed rows (``coords`` then holds their row
+    indices; :mod:`~numpyro_sgbd.monitoring.predictive`)."""
     from numpyro_sgbd.monitoring import convergence
 
     stats = convergence.summary(draws)
