@@ -16,6 +16,9 @@ estimate (:mod:`~numpyro_sgbd.discretisation`).
 The rows are evenly spaced over the plate (every row's index ``round(j (N -
 1) / (P - 1))``), so data sorted by class or time are probed across their
 range; they are fixed by N alone, and the same for every run of the model.
+Under :func:`~numpyro_sgbd.monitoring.per_step` the live drift notes, made
+while the run goes, still read the coordinates; the check at the run's end
+reads the rows.
 """
 
 import jax

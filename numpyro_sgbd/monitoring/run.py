@@ -246,7 +246,8 @@ def _on_run_end(kernel, rows):
         judged = (
             f" (a network's run is judged by its predictions, the log-likelihood "
             f"of {len(trace_plan.probes)} fixed rows at each draw: its weights "
-            "never mix across the network's symmetries)"
+            "need not mix, the network's symmetries give many copies of one "
+            "function)"
         )
     warnings.warn(
         f"{type(kernel).__name__}: the sampling draws have "
