@@ -102,6 +102,18 @@ def data():
     return X[:N], y[:N], X[N:]
 
 
+def _vectorized(kernel, num_warmup, num_samples, chains=4, thinning=1):
+    return MCMC(
+        kernel,
+        num_warmup=num_warmup,
+        num_samples=num_samples,
+        thinning=thinning,
+        num_chains=chains,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+
+
 def _run(kernel, X, y, num_warmup, num_samples, seed=1):
     mcmc = MCMC(
         kernel, num_warmup=num_warmup, num_samples=num_samples, progress_bar=False
@@ -205,15 +217,7 @@ def test_the_run_checks_judge_a_network_by_its_predictions(data):
     X, y, _ = data
     model = network_model("flax.linen")
     kernel = SGLD(model, step_size=3e-3, preconditioner="none")
-    mcmc = MCMC(
-        kernel,
-        num_warmup=10,
-        num_samples=40,
-        thinning=2,
-        num_chains=2,
-        chain_method="vectorized",
-        progress_bar=False,
-    )
+    mcmc = _vectorized(kernel, 10, 40, chains=2, thinning=2)
     mcmc.run(random.key(3), X, y)
     plan = kernel.monitor.trace_plan
     assert plan.plate == "data" and len(plan.probes) == PROBE_ROWS
@@ -285,14 +289,7 @@ def well_posed():
     y = (f + NOISE * rng.standard_normal(2000)).astype(np.float32)
     X_test = rng.uniform(-1.5, 1.5, (8, 2)).astype(np.float32)
     model = network_model("equinox")
-    nuts = MCMC(
-        NUTS(partial(model, subsample_size=None)),
-        num_warmup=1000,
-        num_samples=1000,
-        num_chains=4,
-        chain_method="vectorized",
-        progress_bar=False,
-    )
+    nuts = _vectorized(NUTS(partial(model, subsample_size=None)), 1000, 1000)
     nuts.run(random.key(0), X, y)
     return X, y, X_test, _predictions(model, nuts, X_test, 4)
 
@@ -355,15 +352,7 @@ def test_the_default_predictive_agrees_with_nuts_on_a_network(well_posed, kernel
     mean's z of 3.61 and a sd's of 3.81, and failed."""
     X, y, X_test, nuts = well_posed
     model = network_model("equinox")
-    mcmc = MCMC(
-        KERNELS[kernel](model),
-        num_warmup=2000,
-        num_samples=150_000,
-        thinning=75,
-        num_chains=4,
-        chain_method="vectorized",
-        progress_bar=False,
-    )
+    mcmc = _vectorized(KERNELS[kernel](model), 2000, 150_000, thinning=75)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NetworkWarning)
         mcmc.run(random.key(1), X, y)
