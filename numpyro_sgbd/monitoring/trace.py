@@ -200,10 +200,12 @@ def record(trace, plan, z, sample, probe=None):
         at += size
     slot = jnp.clip((jnp.max(sample) - 1) // plan.every, 0, plan.rows - 1)
     if plan.probes:
-        # Only a sample that stays in its row pays for the forward pass: the
-        # last of its block, or one past the last full block (the last row).
+        # Only a sampling draw that stays in its row pays for the forward pass:
+        # the last of its block, or one past the last full block (the last
+        # row); warmup's draws (sample <= 0) never stay.
         last = jnp.max(sample)
-        kept = (last % plan.every == 0) | (last > plan.rows * plan.every)
+        stays = (last % plan.every == 0) | (last > plan.rows * plan.every)
+        kept = stays & (last > 0)
         zeros = jnp.zeros(batch + (len(plan.probes),), trace.rows.dtype)
         values = jax.lax.cond(
             kept, lambda z: probe(z).astype(zeros.dtype), lambda z: zeros, z
