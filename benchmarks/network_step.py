@@ -26,17 +26,23 @@ jit_model_args=True, progress_bar=False)``: a given step, so vanilla SGLD on pla
 minibatch gradients, no mode search, no adaptation (the bare step, as ``run.py``
 times it). BlackJAX: the same log prior and per-datum log likelihood in
 ``jax.numpy`` over a pytree (A, a, B, b), ``grad_estimator(logprior, loglik, N)``
-and ``blackjax.sgld``, stepped by a jitted ``lax.scan`` over minibatch index
-arrays drawn once beforehand, with ``numpyro_sgbd``'s own ``draw_indices`` and its
-default scheme (``resolve_replace(None, N, n)``: with replacement at n <= N/100,
-without above); the kernel draws its own indices the same way inside its step,
-so the BlackJAX scan is spared that draw (its cost per step, drawn alone in a
-scan, is the last column). Both sides start from the same weights, keep every
-draw and take the data as arguments of the compiled loop. A third timing,
-"scan", runs our kernel's ``sample`` in the same kind of ``lax.scan`` as
-BlackJAX's, without NumPyro's driver: what ours / BlackJAX owes to the step
-itself and what to the run around it (the driver's loop, and the run checks'
-record of each draw, which the kernel keeps only under ``MCMC``).
+and ``blackjax.sgld``, stepped by a jitted ``lax.scan`` that draws each step's
+minibatch in the loop, as the GLMs' hand-written floor and BlackJAX step do
+(``run.py`` section (b)) and as our kernel does inside its step, with
+``numpyro_sgbd``'s own ``draw_indices`` and its default scheme
+(``resolve_replace(None, N, n)``: with replacement at n <= N/100, without
+above). A second BlackJAX timing takes the index arrays drawn once beforehand
+instead ("rows given"): on XLA:CPU a loop whose gather reads indices drawn in the
+same iteration costs 0.15-0.4 ms a step more at n = 600 than one reading them
+from the scan's input, though the draw alone costs 5 microseconds (`/tmp`-scripted
+variants: an unused draw beside given rows costs nothing; sorting the drawn rows
+does not help), a cost every in-loop sampler pays and this column leaves out.
+Both sides start from the same weights, keep every draw and take the data as
+arguments of the compiled loop. A third timing, "scan", runs our kernel's
+``sample`` in the same kind of ``lax.scan`` as BlackJAX's, without NumPyro's
+driver: what ours / BlackJAX owes to the step itself and what to the run around
+it (the driver's loop, and the run checks' record of each draw, which the kernel
+keeps only under ``MCMC``).
 
 Seconds per step are marginal, (T(6k) - T(k)) / 5k, each T the fastest of
 ``--repeats`` rounds (interference only adds time), an MCMC run's T less the
@@ -52,7 +58,6 @@ import gc
 import gzip
 import os
 import platform
-import statistics
 import time
 
 import jax
@@ -169,9 +174,11 @@ def index_arrays(N, n, num_steps, seed=1):
     return jax.block_until_ready(draw(keys)), replace
 
 
-def blackjax_run(N, h):
-    """A jitted ``run(params, X, y, idx)``: BlackJAX's sgld over the rows ``idx[t]``
-    at step t, every draw kept."""
+def blackjax_run(N, h, n=None, replace=None):
+    """A jitted ``run(params, X, y, idx)``: BlackJAX's sgld over a minibatch a
+    step, every draw kept: the rows ``idx[t]`` at step t, or, with ``n``, rows
+    drawn in the loop by ``draw_indices`` (``idx`` then only gives the number of
+    steps, its first axis)."""
     import blackjax
     from blackjax.sgmcmc.gradients import grad_estimator
 
@@ -181,6 +188,9 @@ def blackjax_run(N, h):
     def run(params, X, y, idx):
         def step(params, xs):
             key, rows = xs
+            if n is not None:
+                key, key_rows = random.split(key)
+                rows = draw_indices(key_rows, N, n, replace=replace)
             params = sgld.step(key, params, (X[rows], y[rows]), h)
             return params, params
 
@@ -188,28 +198,6 @@ def blackjax_run(N, h):
         return jax.lax.scan(step, params, (keys, idx))
 
     return run
-
-
-def draw_seconds(N, n, num_steps):
-    """Seconds per step of drawing n indices in a jitted scan: what the BlackJAX
-    scan is spared."""
-    replace = resolve_replace(None, N, n)
-
-    @jax.jit
-    def run(key):
-        def step(carry, key):
-            idx = draw_indices(key, N, n, replace=replace)
-            return carry + idx[0], None
-
-        return jax.lax.scan(step, 0, random.split(key, num_steps))[0]
-
-    jax.block_until_ready(run(random.key(0)))
-    times = []
-    for seed in range(1, 4):
-        start = time.perf_counter()
-        jax.block_until_ready(run(random.key(seed)))
-        times.append((time.perf_counter() - start) / num_steps)
-    return statistics.median(times)
 
 
 def _timed(fn):
@@ -258,16 +246,18 @@ def marginal(sides, k, repeats):
 
 def paired_seconds(X, y, n, h, k, repeats):
     """Marginal seconds per step, (T(6k) - T(k)) / 5k, of: our ``MCMC`` run, our
-    kernel's ``sample`` in a scan and BlackJAX's sgld in a scan, their runs
+    kernel's ``sample`` in a scan and BlackJAX's sgld in a scan, drawing its rows
+    in the loop (``"bj"``) or given them (``"bj_given"``), their runs
     alternating round by round. Returns a dict by side."""
     N = X.shape[0]
     params, sites = initial_weights(X.shape[1])
-    idx, _ = index_arrays(N, n, 6 * k)
+    idx, replace = index_arrays(N, n, 6 * k)
     sigma = float(np.sqrt(2 * h))
     kernel = SGLD(
         partial(model, subsample_size=n), step_size=sigma, preconditioner="none"
     )
-    bj = blackjax_run(N, h)
+    bj = blackjax_run(N, h, n, replace)
+    bj_given = blackjax_run(N, h)
 
     def ours(steps):
         mcmc = MCMC(
@@ -284,10 +274,11 @@ def paired_seconds(X, y, n, h, k, repeats):
         "ours": ours,
         "scan": kernel_scan(kernel, X, y, sites),
         "bj": lambda steps: bj(params, X, y, idx[:steps]),
+        "bj_given": lambda steps: bj_given(params, X, y, idx[:steps]),
     }
     for steps in (k, 6 * k):  # compile the scans outside the timed calls
-        jax.block_until_ready(sides["scan"](steps))
-        jax.block_until_ready(sides["bj"](steps))
+        for side in ("scan", "bj", "bj_given"):
+            jax.block_until_ready(sides[side](steps))
     return marginal(sides, k, repeats)
 
 
@@ -364,11 +355,12 @@ def main(args):
             "ours ms/step",
             "scan ms/step",
             "BlackJAX ms",
+            "rows given ms",
             "ours s/epoch",
             "BlackJAX s/ep",
             "ours / BlackJAX",
             "scan / BlackJAX",
-            "draw ms/step",
+            "scan / given",
         ],
     )
     for n in args.subsample_sizes:
@@ -381,18 +373,18 @@ def main(args):
         k = max(args.num_steps, int(args.timed_seconds / t / 5))
         times = paired_seconds(X, y, n, args.step_size, k, args.repeats)
         ours, scan, bj = times["ours"], times["scan"], times["bj"]
-        draw = draw_seconds(N, n, 6 * k)
         epoch = N / n
         table.row(
             f"{n} ({'with' if replace else 'w/o'} repl., k={k})",
             1e3 * ours,
             1e3 * scan,
             1e3 * bj,
+            1e3 * times["bj_given"],
             ours * epoch,
             bj * epoch,
             ours / bj,
             scan / bj,
-            1e3 * draw,
+            scan / times["bj_given"],
         )
     if args.defaults:
         defaults_table(table, X, y, args)
