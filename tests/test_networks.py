@@ -326,9 +326,9 @@ def _agreement(sg, nuts):
 # predictions 1.01-1.03). The others' fixed diagonal L leaves directions the
 # data barely identify (eigenvalues of the whitened curvature 1e-4 to 5.6) to
 # be crossed by diffusion: after as many steps R-hat is up to 1.15-1.32 and
-# means are off by up to 5.5 se (SGLD: 0.5 NUTS sds); after 16 times as many, R-hat
-# is under 1.06 but means are still off by up to 4.5 se; a dense L from the
-# Fisher information is worse, the posterior bending away from the fit
+# means are off by up to 5.5 se (SGLD: 0.5 NUTS sds); after 16 times as many,
+# R-hat is under 1.06 but means are still off by up to 4.5 se; a dense L from
+# the Fisher information is worse, the posterior bending away from the fit
 # (benchmarks/results.md, issue 62).
 SLOW_TO_MIX = pytest.mark.xfail(
     strict=True,

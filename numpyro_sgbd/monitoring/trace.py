@@ -198,12 +198,12 @@ def record(trace, plan, z, sample, probe=None):
         if mine.size:
             parts.append(jnp.reshape(x, batch + (size,))[..., jnp.asarray(mine)])
         at += size
-    slot = jnp.clip((jnp.max(sample) - 1) // plan.every, 0, plan.rows - 1)
+    last = jnp.max(sample)
+    slot = jnp.clip((last - 1) // plan.every, 0, plan.rows - 1)
     if plan.probes:
         # Only a sampling draw that stays in its row pays for the forward pass:
         # the last of its block, or one past the last full block (the last
         # row); warmup's draws (sample <= 0) never stay.
-        last = jnp.max(sample)
         stays = (last % plan.every == 0) | (last > plan.rows * plan.every)
         kept = stays & (last > 0)
         zeros = jnp.zeros(batch + (len(plan.probes),), trace.rows.dtype)
